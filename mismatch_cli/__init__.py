@@ -1,0 +1,26 @@
+"""mismatch: how far an inference engine's token log-probs drift from the trainer's, and what to do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "analyze", "Report", "CorrectionConfig"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy so that `mismatch --help` never imports torch.
+    if name == "analyze":
+        from mismatch_cli.api import analyze
+
+        return analyze
+    if name == "Report":
+        from mismatch_cli.report import Report
+
+        return Report
+    if name == "CorrectionConfig":
+        from mismatch_cli.config import CorrectionConfig
+
+        return CorrectionConfig
+    raise AttributeError(name)

@@ -1,0 +1,375 @@
+"""verl's `algorithm.rollout_correction` configuration: validation, threshold grammar and presets."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from mismatch_cli.errors import ConfigError
+
+SAFETY_BOUND = 20.0
+
+RS_OPTIONS: tuple[str, ...] = (
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+)
+TOKEN_RS_OPTIONS = frozenset({"token_k1", "token_k2", "token_k3"})
+IS_LEVELS = ("token", "sequence")
+
+
+@dataclass(frozen=True)
+class IsThreshold:
+    """A parsed `rollout_is_threshold`: TIS upper bound, or an IcePop band when `lower` is set."""
+
+    upper: float
+    lower: float | None = None
+
+    @property
+    def icepop(self) -> bool:
+        """True when the threshold is an IcePop `L_U` band."""
+        return self.lower is not None
+
+    @property
+    def metric_lower(self) -> float:
+        """The lower bound verl's IS metrics use: L for IcePop, else 1/U."""
+        return self.lower if self.lower is not None else 1.0 / self.upper
+
+
+@dataclass(frozen=True)
+class RsOption:
+    """One rejection-sampling criterion with its parsed bounds (`lower` only for k1 options)."""
+
+    name: str
+    upper: float
+    lower: float | None = None
+
+    @property
+    def is_k1(self) -> bool:
+        """True for the k1 options, which take a lower and an upper ratio bound."""
+        return self.name.endswith("k1")
+
+    @property
+    def level(self) -> str:
+        """`token` or `sequence`."""
+        return "token" if self.name in TOKEN_RS_OPTIONS else "sequence"
+
+    @property
+    def statistic(self) -> str:
+        """`k1`, `k2` or `k3`."""
+        return self.name[-2:]
+
+    @property
+    def reduction(self) -> str:
+        """`token`, `sum`, `mean` or `max`."""
+        return "token" if self.level == "token" else self.name.split("_")[1]
+
+
+@dataclass(frozen=True)
+class CorrectionConfig:
+    """The effective correction configuration (verl field names, values as the user gave them)."""
+
+    rollout_is: str | None = None
+    rollout_is_threshold: Any = 2.0
+    rollout_is_batch_normalize: bool = False
+    rollout_rs: str | None = None
+    rollout_rs_threshold: Any = None
+    bypass_mode: bool = False
+    loss_type: str = "ppo_clip"
+    k1_bounds: str = "verl"  # "verl" reproduces verl's inverted k1 bounds; "ratio" keeps L <= rho <= U
+    preset: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The configuration as a JSON-ready mapping."""
+        return {
+            "semantics": "verl",
+            "preset": self.preset,
+            "rollout_is": self.rollout_is,
+            "rollout_is_threshold": self.rollout_is_threshold,
+            "rollout_is_batch_normalize": self.rollout_is_batch_normalize,
+            "rollout_rs": self.rollout_rs,
+            "rollout_rs_threshold": self.rollout_rs_threshold,
+            "bypass_mode": self.bypass_mode,
+            "loss_type": self.loss_type,
+            "k1_bounds": self.k1_bounds,
+        }
+
+
+@dataclass(frozen=True)
+class ResolvedCorrection:
+    """A validated configuration: what the engine needs, nothing more."""
+
+    is_level: str | None
+    is_threshold: IsThreshold | None
+    is_batch_normalize: bool
+    rs_options: tuple[RsOption, ...] = field(default_factory=tuple)
+    k1_bounds: str = "verl"
+
+    @property
+    def asymmetric_k1(self) -> tuple[RsOption, ...]:
+        """k1 options whose bounds are not reciprocal (where verl's k1 direction bug shows)."""
+        return tuple(
+            o for o in self.rs_options if o.is_k1 and o.lower is not None and
+            not math.isclose(o.lower * o.upper, 1.0, rel_tol=1e-9)
+        )
+
+
+def _number(text: str) -> float:
+    return float(text)
+
+
+def parse_is_threshold(spec: Any) -> IsThreshold:
+    """Parse `rollout_is_threshold` exactly as verl does (a number = TIS, `L_U` = IcePop)."""
+    if isinstance(spec, bool):
+        raise ConfigError(
+            "rollout_is_threshold must be specified as a float or a string threshold specification, "
+            "not a boolean.",
+            hint="give a number such as 2.0 (TIS) or a band such as 0.5_5.0 (IcePop)",
+        )
+    lower: float | None
+    if isinstance(spec, (int, float)):
+        upper, lower = float(spec), None
+    elif isinstance(spec, str):
+        text = spec.strip()
+        if not text:
+            raise ConfigError("rollout_is_threshold must not be an empty string.", hint="give e.g. 2.0")
+        try:
+            if "_" in text:
+                lower_text, upper_text = text.split("_", 1)
+                lower, upper = _number(lower_text), _number(upper_text)
+            else:
+                upper, lower = _number(text), None
+        except ValueError:
+            raise ConfigError(
+                f"Invalid rollout_is_threshold '{spec}'.", hint="use a number (2.0) or L_U (0.5_5.0)"
+            ) from None
+    else:
+        raise ConfigError("rollout_is_threshold must be a float or a string threshold specification.")
+    if not upper > 0:
+        raise ConfigError(f"rollout_is_threshold upper bound must be positive, got {upper}.")
+    if lower is not None:
+        if not lower > 0:
+            raise ConfigError(f"rollout_is_threshold lower bound must be positive, got {lower}.")
+        if lower > upper:
+            raise ConfigError("rollout_is_threshold lower bound must be <= upper bound.")
+    return IsThreshold(upper=upper, lower=lower)
+
+
+def parse_rs_options(rollout_rs: Any) -> list[str]:
+    """Split, strip, de-duplicate and validate the comma-chained `rollout_rs` options."""
+    if not isinstance(rollout_rs, str):
+        raise ConfigError("rollout_rs must be a non-empty string (comma separated for multiple options).")
+    options = [part.strip() for part in rollout_rs.split(",") if part.strip()]
+    if not options:
+        raise ConfigError("rollout_rs must contain at least one valid option.", hint="e.g. --rs seq_mean_k1")
+    unique: list[str] = []
+    for option in options:
+        if option not in RS_OPTIONS:
+            raise ConfigError(
+                f"Invalid rollout_rs option: {option}. Must be one of {sorted(RS_OPTIONS)}.",
+                hint=_legacy_hint(option),
+            )
+        if option not in unique:
+            unique.append(option)
+    return unique
+
+
+def _legacy_hint(option: str) -> str:
+    if option in ("token", "sequence", "geometric"):
+        return f"'{option}' is the verl <= 0.7.0 API; use --semantics verl-0.7.0 or a k1/k2/k3 option"
+    return "see `mismatch presets` for valid configurations"
+
+
+def parse_rs_thresholds(options: list[str], spec: Any) -> tuple[RsOption, ...]:
+    """Parse `rollout_rs_threshold` (one spec shared by all options, or one per option)."""
+    if spec is None:
+        raise ConfigError(
+            "rollout_rs_threshold must be explicitly provided when rollout_rs is enabled. "
+            "Set rollout_rs_threshold to the desired threshold value.",
+            hint="add --rs-threshold, e.g. 0.999_1.001 for seq_mean_k1",
+        )
+    if isinstance(spec, bool):
+        raise ConfigError("rollout_rs_threshold must be a string or numeric value, not a boolean.")
+    if isinstance(spec, (int, float)):
+        specs = [str(spec)]
+    elif isinstance(spec, str):
+        specs = [part.strip() for part in spec.split(",") if part.strip()]
+    else:
+        raise ConfigError(
+            "rollout_rs_threshold must be a string or numeric value specifying per-option thresholds."
+        )
+    if not specs:
+        raise ConfigError("rollout_rs_threshold must contain at least one threshold value.")
+    if len(specs) not in (1, len(options)):
+        raise ConfigError(
+            "rollout_rs_threshold expects either one threshold shared by all options or exactly "
+            f"{len(options)} thresholds to match the provided rollout_rs options."
+        )
+    if len(specs) == 1:
+        specs = specs * len(options)
+    parsed: list[RsOption] = []
+    for option, text in zip(options, specs, strict=True):
+        if option.endswith("k1"):
+            try:
+                if "_" in text:
+                    lower_text, upper_text = text.split("_", 1)
+                    lower, upper = _number(lower_text), _number(upper_text)
+                else:
+                    upper = _number(text)
+                    lower = 1.0 / upper
+            except (ValueError, ZeroDivisionError):
+                raise ConfigError(f"Invalid numeric threshold '{text}' for option '{option}'.") from None
+            if not (lower > 0 and upper > 0):
+                raise ConfigError(f"Thresholds for option '{option}' must be positive, got {text}.")
+            if lower > upper:
+                raise ConfigError(
+                    f"Thresholds for option '{option}' must be lower <= upper, got {text}.",
+                    hint="a single k1 value U means the band 1/U..U, so it must be >= 1",
+                )
+            parsed.append(RsOption(option, upper=upper, lower=lower))
+        else:
+            if "_" in text:
+                raise ConfigError(
+                    f"rollout_rs_threshold for option '{option}' must provide a single upper bound "
+                    f"without '_'. Received '{text}'."
+                )
+            try:
+                upper = _number(text)
+            except ValueError:
+                raise ConfigError(f"Invalid numeric threshold '{text}' for option '{option}'.") from None
+            if not upper > 0:
+                raise ConfigError(f"Threshold for option '{option}' must be positive, got {text}.")
+            parsed.append(RsOption(option, upper=upper))
+    return tuple(parsed)
+
+
+def resolve(config: CorrectionConfig) -> ResolvedCorrection:
+    """Validate a configuration the way verl does at compute time and return what the engine needs."""
+    if config.k1_bounds not in ("verl", "ratio"):
+        raise ConfigError(f"k1 bounds must be 'verl' or 'ratio', got {config.k1_bounds!r}.")
+    if config.loss_type not in ("ppo_clip", "reinforce"):
+        raise ConfigError(f"loss_type must be 'ppo_clip' or 'reinforce', got {config.loss_type!r}.")
+    is_level: str | None = None
+    is_threshold: IsThreshold | None = None
+    # verl skips IS silently when the threshold is None even if rollout_is is set.
+    if config.rollout_is is not None and config.rollout_is_threshold is not None:
+        if config.rollout_is not in IS_LEVELS:
+            raise ConfigError(
+                f"Invalid rollout_is: {config.rollout_is}. Must be one of {set(IS_LEVELS)}.",
+                hint="use --is token, --is sequence or --is none",
+            )
+        is_level = config.rollout_is
+        is_threshold = parse_is_threshold(config.rollout_is_threshold)
+    rs_options: tuple[RsOption, ...] = ()
+    if config.rollout_rs is not None:
+        if config.rollout_rs_threshold is None:
+            parse_rs_thresholds([], None)
+        rs_options = parse_rs_thresholds(parse_rs_options(config.rollout_rs), config.rollout_rs_threshold)
+    return ResolvedCorrection(
+        is_level=is_level,
+        is_threshold=is_threshold,
+        is_batch_normalize=bool(config.rollout_is_batch_normalize),
+        rs_options=rs_options,
+        k1_bounds=config.k1_bounds,
+    )
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named verl preset (`RolloutCorrectionConfig.<name>()` with its default arguments)."""
+
+    name: str
+    config: CorrectionConfig
+    summary: str
+
+
+def _preset(name: str, summary: str, **fields: Any) -> Preset:
+    base = {"rollout_is": None, "rollout_is_threshold": 2.0, "rollout_rs": None, "rollout_rs_threshold": None}
+    base.update(fields)
+    return Preset(name, CorrectionConfig(preset=name, **base), summary)
+
+
+GEO = "0.999_1.001"
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        _preset("decoupled_token_is", "token-level TIS, U=2", rollout_is="token"),
+        _preset("decoupled_seq_is", "sequence-level TIS, U=2", rollout_is="sequence"),
+        _preset("decoupled_token_icepop", "token-level IcePop band [0.5, 5]",
+                rollout_is="token", rollout_is_threshold="0.5_5.0"),
+        _preset("decoupled_seq_is_rs", "sequence TIS U=2 + seq_sum_k1 RS 0.5_2.0",
+                rollout_is="sequence", rollout_rs="seq_sum_k1", rollout_rs_threshold="0.5_2.0"),
+        _preset("decoupled_geo_rs", "Geo-RS: seq_mean_k1 0.999_1.001, no IS",
+                rollout_rs="seq_mean_k1", rollout_rs_threshold=GEO),
+        _preset("decoupled_geo_rs_seq_tis", "Geo-RS + sequence TIS U=2",
+                rollout_is="sequence", rollout_rs="seq_mean_k1", rollout_rs_threshold=GEO),
+        _preset("decoupled_geo_rs_token_tis", "Geo-RS + token TIS U=2",
+                rollout_is="token", rollout_rs="seq_mean_k1", rollout_rs_threshold=GEO),
+        _preset("decoupled_k3_rs", "seq_mean_k3 RS 0.01, no IS", rollout_rs="seq_mean_k3", rollout_rs_threshold=0.01),
+        _preset("decoupled_k3_rs_seq_tis", "seq_mean_k3 RS 0.01 + sequence TIS U=2",
+                rollout_is="sequence", rollout_rs="seq_mean_k3", rollout_rs_threshold=0.01),
+        _preset("decoupled_k3_rs_token_tis", "seq_mean_k3 RS 0.01 + token TIS U=2",
+                rollout_is="token", rollout_rs="seq_mean_k3", rollout_rs_threshold=0.01),
+        _preset("bypass_ppo_clip", "bypass mode, PPO clip, metrics only", bypass_mode=True),
+        _preset("bypass_ppo_clip_geo_rs", "bypass mode + Geo-RS 0.999_1.001",
+                bypass_mode=True, rollout_rs="seq_mean_k1", rollout_rs_threshold=GEO),
+        _preset("bypass_ppo_clip_k3_rs", "bypass mode + seq_mean_k3 RS 0.01",
+                bypass_mode=True, rollout_rs="seq_mean_k3", rollout_rs_threshold=0.01),
+        _preset("bypass_pg_is", "bypass REINFORCE + sequence TIS U=2",
+                bypass_mode=True, loss_type="reinforce", rollout_is="sequence"),
+        _preset("bypass_pg_token_icepop", "bypass REINFORCE + token IcePop [0.5, 5]",
+                bypass_mode=True, loss_type="reinforce", rollout_is="token", rollout_is_threshold="0.5_5.0"),
+        _preset("bypass_pg_geo_rs", "bypass REINFORCE + Geo-RS 0.999_1.001",
+                bypass_mode=True, loss_type="reinforce", rollout_rs="seq_mean_k1", rollout_rs_threshold=GEO),
+        _preset("bypass_pg_geo_rs_seq_tis", "bypass REINFORCE + Geo-RS + sequence TIS U=2",
+                bypass_mode=True, loss_type="reinforce", rollout_is="sequence",
+                rollout_rs="seq_mean_k1", rollout_rs_threshold=GEO),
+        _preset("bypass_pg_geo_rs_token_tis", "bypass REINFORCE + Geo-RS + token TIS U=2",
+                bypass_mode=True, loss_type="reinforce", rollout_is="token",
+                rollout_rs="seq_mean_k1", rollout_rs_threshold=GEO),
+        _preset("disabled", "metrics only (verl's default)"),
+    )
+}
+
+CONFIG_FIELDS = (
+    "rollout_is",
+    "rollout_is_threshold",
+    "rollout_is_batch_normalize",
+    "rollout_rs",
+    "rollout_rs_threshold",
+    "bypass_mode",
+    "loss_type",
+    "k1_bounds",
+    "preset",
+)
+
+
+def get_preset(name: str) -> Preset:
+    """Look up a preset by name, with a helpful error for unknown or outdated names."""
+    if name not in PRESETS:
+        raise ConfigError(
+            f"unknown preset '{name}'",
+            hint="run `mismatch presets` for the 19 verl presets (older names need --semantics)",
+        )
+    return PRESETS[name]
+
+
+def build_config(overrides: dict[str, Any], preset: str | None = None) -> CorrectionConfig:
+    """Start from a preset (or verl's YAML defaults) and apply explicitly given fields."""
+    config = get_preset(preset).config if preset else CorrectionConfig()
+    unknown = sorted(set(overrides) - set(CONFIG_FIELDS))
+    if unknown:
+        raise ConfigError(
+            f"unknown correction field(s) {', '.join(unknown)}",
+            hint=f"the [correction] table takes {', '.join(CONFIG_FIELDS)}",
+        )
+    return replace(config, **overrides)

@@ -1,0 +1,111 @@
+"""One batch's accumulators (off-policy, IS, RS, diagnostics) behind update / merge / compute."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from mismatch_cli.config import ResolvedCorrection
+from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.diagnostics import DiagnosticsAccumulator
+from mismatch_cli.engine.importance import ImportanceAccumulator
+from mismatch_cli.engine.offpolicy import OFFPOLICY_KEYS, OffPolicyAccumulator
+from mismatch_cli.engine.rejection import RejectionAccumulator
+
+VERL_PREFIX = "rollout_corr/"
+DIAG_PREFIX = "diag/"
+
+
+@dataclass
+class BatchResult:
+    """Computed metrics of one batch (`None` where undefined) and why some are undefined."""
+
+    metrics: dict[str, float | None]
+    valid_tokens: int
+    icepop_rejects_all: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+class BatchAccumulator:
+    """Everything computed for one batch (the whole dump, or one step): mergeable, fixed size."""
+
+    def __init__(self, correction: ResolvedCorrection, device: torch.device) -> None:
+        self.correction = correction
+        self.offpolicy = OffPolicyAccumulator(device)
+        self.diagnostics = DiagnosticsAccumulator(device)
+        self.importance = (
+            ImportanceAccumulator(
+                correction.is_level, correction.is_threshold, correction.is_batch_normalize, device
+            )
+            if correction.is_level is not None and correction.is_threshold is not None
+            else None
+        )
+        self.rejection = (
+            RejectionAccumulator(correction.rs_options, correction.k1_bounds, device)
+            if correction.rs_options
+            else None
+        )
+
+    def update(self, chunk: Chunk) -> None:
+        """Fold one chunk of whole sequences into every family's state."""
+        self.offpolicy.update(chunk)
+        self.diagnostics.update(chunk)
+        if self.importance is not None:
+            self.importance.update(chunk)
+        if self.rejection is not None:
+            self.rejection.update(chunk)
+
+    def merge(self, other: BatchAccumulator) -> None:
+        """Fold the state of another shard of the same batch into this one."""
+        self.offpolicy.merge(other.offpolicy)
+        self.diagnostics.merge(other.diagnostics)
+        if self.importance is not None and other.importance is not None:
+            self.importance.merge(other.importance)
+        if self.rejection is not None and other.rejection is not None:
+            self.rejection.merge(other.rejection)
+
+    @property
+    def valid_tokens(self) -> int:
+        """Valid tokens seen so far."""
+        return int(self.offpolicy.state.get("tokens"))
+
+    def compute(self) -> BatchResult:
+        """verl's `rollout_corr/` keys and the `diag/` keys; all `None` when no token is valid."""
+        diag = self.diagnostics.compute()
+        tokens = self.valid_tokens
+        result = BatchResult(metrics={}, valid_tokens=tokens)
+        verl_keys = list(OFFPOLICY_KEYS)
+        if tokens == 0:
+            for key in verl_keys:
+                result.metrics[VERL_PREFIX + key] = None
+            for key in ("sequences", "valid_tokens", "empty_rows", "nonfinite_tokens", "sentinel_tokens"):
+                result.metrics[DIAG_PREFIX + key] = diag[key]
+            result.notes.append("no valid token, so its metrics are null")
+            return result
+        verl: dict[str, float] = {}
+        if self.importance is not None:
+            is_metrics, all_zero = self.importance.compute()
+            verl.update(is_metrics)
+            if all_zero:
+                result.icepop_rejects_all = True
+                result.notes.append(
+                    "every valid IS weight is outside the IcePop band, so the ESS is undefined "
+                    "(verl raises ZeroDivisionError here)"
+                )
+        if self.rejection is not None:
+            verl.update(self.rejection.compute())
+        verl.update(self.offpolicy.compute())
+        for key in sorted(verl):
+            result.metrics[VERL_PREFIX + key] = _finite_or_none(verl[key])
+        for key, value in diag.items():
+            result.metrics[DIAG_PREFIX + key] = _finite_or_none(value)
+        overflowed = sorted(k for k, v in verl.items() if not math.isfinite(v))
+        if overflowed:
+            result.notes.append(f"{', '.join(overflowed)} overflowed (reported as null)")
+        return result

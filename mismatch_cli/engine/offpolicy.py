@@ -1,0 +1,84 @@
+"""verl's 13 off-policy diagnostics (`compute_offpolicy_metrics`) as a streaming accumulator."""
+
+from __future__ import annotations
+
+import torch
+
+from mismatch_cli.config import SAFETY_BOUND
+from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.state import F64, Reducer
+
+OFFPOLICY_KEYS = (
+    "training_ppl",
+    "training_log_ppl",
+    "kl",
+    "k3_kl",
+    "rollout_ppl",
+    "rollout_log_ppl",
+    "log_ppl_diff",
+    "log_ppl_abs_diff",
+    "log_ppl_diff_max",
+    "log_ppl_diff_min",
+    "ppl_ratio",
+    "chi2_token",
+    "chi2_seq",
+)
+
+
+class OffPolicyAccumulator:
+    """Token means over valid tokens and row means over all rows (empty rows included, as verl)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.state = Reducer(device)
+
+    def update(self, chunk: Chunk) -> None:
+        """Fold one chunk of whole sequences into the state."""
+        s = self.state
+        log_ratio = chunk.log_ratio
+        s.add("tokens", float(chunk.num_tokens))
+        s.add("rows", float(chunk.num_rows))
+        # kl is MM(rollout - old): the k1 estimate of KL(pi_rollout || pi_train), unclamped.
+        s.add("sum_neg_log_ratio", (chunk.rollout - chunk.old).sum(dtype=F64))
+        # k3 uses the unclamped ratio, so a huge log-ratio overflows to inf exactly as in verl.
+        s.add("sum_k3", (torch.exp(log_ratio) - log_ratio - 1).sum(dtype=F64))
+        s.add("sum_rho_sq", torch.exp(chunk.log_ratio_safe).square().sum(dtype=F64))
+        train_mean = chunk.row_mean(chunk.old)
+        rollout_mean = chunk.row_mean(chunk.rollout)
+        log_ppl_diff = rollout_mean - train_mean
+        s.add("sum_train_ppl", torch.exp(-train_mean).sum())
+        s.add("sum_train_log_ppl", (-train_mean).sum())
+        s.add("sum_rollout_ppl", torch.exp(-rollout_mean).sum())
+        s.add("sum_rollout_log_ppl", (-rollout_mean).sum())
+        s.add("sum_log_ppl_diff", log_ppl_diff.sum())
+        s.add("sum_log_ppl_abs_diff", log_ppl_diff.abs().sum())
+        s.add("sum_ppl_ratio", torch.exp(log_ppl_diff).sum())
+        if chunk.num_rows:
+            s.max("log_ppl_diff_max", log_ppl_diff.max())
+            s.min("log_ppl_diff_min", log_ppl_diff.min())
+        seq_safe = chunk.log_ratio_row_sum.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+        s.add("sum_rho_sq_seq", torch.exp(2.0 * seq_safe).sum())
+
+    def merge(self, other: OffPolicyAccumulator) -> None:
+        """Fold another accumulator (another shard of the same batch) into this one."""
+        self.state.merge(other.state)
+
+    def compute(self) -> dict[str, float]:
+        """verl's 13 keys (unprefixed); callers guarantee at least one valid token."""
+        s = self.state
+        tokens = s.get("tokens") + 1e-8  # verl's masked_mean denominator
+        rows = s.get("rows")
+        return {
+            "training_ppl": s.get("sum_train_ppl") / rows,
+            "training_log_ppl": s.get("sum_train_log_ppl") / rows,
+            "kl": s.get("sum_neg_log_ratio") / tokens,
+            "k3_kl": s.get("sum_k3") / tokens,
+            "rollout_ppl": s.get("sum_rollout_ppl") / rows,
+            "rollout_log_ppl": s.get("sum_rollout_log_ppl") / rows,
+            "log_ppl_diff": s.get("sum_log_ppl_diff") / rows,
+            "log_ppl_abs_diff": s.get("sum_log_ppl_abs_diff") / rows,
+            "log_ppl_diff_max": s.get("log_ppl_diff_max"),
+            "log_ppl_diff_min": s.get("log_ppl_diff_min"),
+            "ppl_ratio": s.get("sum_ppl_ratio") / rows,
+            "chi2_token": s.get("sum_rho_sq") / tokens - 1.0,
+            "chi2_seq": s.get("sum_rho_sq_seq") / rows - 1.0,
+        }

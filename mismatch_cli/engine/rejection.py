@@ -1,0 +1,166 @@
+"""verl's rejection sampling ("trust-region masking"): 11 options, AND-chained, streamed."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mismatch_cli.config import RsOption
+from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.state import F64, Moments, Reducer, float32_fraction
+
+
+def token_statistic(chunk: Chunk, statistic: str) -> torch.Tensor:
+    """Per-token k1 / k2 / k3 of the safety-clamped log-ratio, written as verl writes them."""
+    safe = chunk.log_ratio_safe
+    if statistic == "k1":
+        return -safe
+    if statistic == "k2":
+        return 0.5 * safe**2
+    return torch.exp(safe) - 1.0 - safe
+
+
+class OptionBounds:
+    """Keep band and metric thresholds of one option on its statistic's scale."""
+
+    def __init__(self, option: RsOption, k1_bounds: str) -> None:
+        self.option = option
+        if option.is_k1:
+            assert option.lower is not None
+            if k1_bounds == "ratio":
+                # Corrected rule: keep L <= rho <= U, i.e. -log U <= k1 <= -log L.
+                self.low, self.high = -math.log(option.upper), -math.log(option.lower)
+            else:
+                # verl compares k1 = -log rho with [log L, log U], i.e. keeps 1/U <= rho <= 1/L.
+                self.low, self.high = math.log(option.lower), math.log(option.upper)
+        else:
+            self.low, self.high = 0.0, option.upper
+
+    def keep(self, stat: torch.Tensor) -> torch.Tensor:
+        """Keep decision for each value of the statistic."""
+        if self.option.is_k1:
+            return (stat >= self.low) & (stat <= self.high)
+        return stat <= self.high
+
+
+class RejectionAccumulator:
+    """Per-option and combined rejection statistics of one RS configuration."""
+
+    def __init__(self, options: tuple[RsOption, ...], k1_bounds: str, device: torch.device) -> None:
+        self.bounds = [OptionBounds(option, k1_bounds) for option in options]
+        self.state = Reducer(device)
+        self.row_stats = {b.option.name: Moments(device) for b in self.bounds}
+
+    def update(self, chunk: Chunk) -> None:
+        """Fold one chunk of whole sequences into the state."""
+        s = self.state
+        s.add("tokens", float(chunk.num_tokens))
+        s.add("rows", float(chunk.num_rows))
+        s.add("valid_rows", chunk.row_valid.sum(dtype=F64))
+        valid = chunk.row_valid
+        combined_reject = torch.zeros(chunk.num_tokens, dtype=torch.bool, device=chunk.old.device)
+        for bounds in self.bounds:
+            name = bounds.option.name
+            is_k1 = bounds.option.is_k1
+            stat = token_statistic(chunk, bounds.option.statistic)
+            if bounds.option.level == "token":
+                row_value = chunk.row_mean(stat)
+                reject = ~bounds.keep(stat)
+                clamped = stat.clamp(min=bounds.low, max=bounds.high)
+                s.add(f"{name}:sum", stat.sum(dtype=F64))
+                s.add(f"{name}:sum_c", clamped.sum(dtype=F64))
+                s.add(f"{name}:sum_c_sq", clamped.square().sum(dtype=F64))
+                s.add(f"{name}:count_high", (stat > bounds.high).sum(dtype=F64))
+                if is_k1:
+                    s.add(f"{name}:count_low", (stat < bounds.low).sum(dtype=F64))
+                if chunk.num_tokens:
+                    s.max(f"{name}:max", stat.max())
+                    s.min(f"{name}:min", stat.min())
+                s.add(f"{name}:rejected_tokens", reject.sum(dtype=F64))
+                rejected_rows = chunk.row_any(reject)
+            else:
+                reduction = bounds.option.reduction
+                if reduction == "sum":
+                    row_value = chunk.row_sum(stat)
+                elif reduction == "mean":
+                    row_value = chunk.row_mean(stat)
+                else:
+                    row_value = chunk.row_max(stat)
+                row_reject = ~bounds.keep(row_value)
+                tokens = chunk.row_tokens
+                clamped = row_value.clamp(min=bounds.low, max=bounds.high)
+                s.add(f"{name}:sum", (row_value * tokens).sum())
+                s.add(f"{name}:sum_c", (clamped * tokens).sum())
+                s.add(f"{name}:sum_c_sq", (clamped.square() * tokens).sum())
+                s.add(f"{name}:rejected_tokens", (row_reject.to(F64) * tokens).sum())
+                reject = row_reject[chunk.row]
+                rejected_rows = row_reject & valid
+            valid_values = row_value[valid]
+            self.row_stats[name].update(valid_values)
+            if valid_values.numel():
+                s.max(f"{name}:seq_max", valid_values.max())
+                s.min(f"{name}:seq_min", valid_values.min())
+                s.max(f"{name}:seq_max_deviation", valid_values.abs().max())
+            s.add(f"{name}:seq_count_high", (valid_values > bounds.high).sum(dtype=F64))
+            if is_k1:
+                s.add(f"{name}:seq_count_low", (valid_values < bounds.low).sum(dtype=F64))
+            s.add(f"{name}:rejected_rows", (rejected_rows & valid).sum(dtype=F64))
+            combined_reject |= reject
+        s.add("rejected_tokens", combined_reject.sum(dtype=F64))
+        s.add("rejected_rows", chunk.row_any(combined_reject).sum(dtype=F64))
+
+    def merge(self, other: RejectionAccumulator) -> None:
+        """Fold another accumulator of the same configuration into this one."""
+        self.state.merge(other.state)
+        for name, moments in self.row_stats.items():
+            moments.merge(other.row_stats[name])
+
+    def compute(self) -> dict[str, float]:
+        """verl's `rollout_rs_*` keys (unprefixed); callers guarantee at least one valid token."""
+        s = self.state
+        tokens = s.get("tokens")
+        denominator = tokens + 1e-8
+        valid_rows = s.get("valid_rows")
+        metrics: dict[str, float] = {}
+        for bounds in self.bounds:
+            name = bounds.option.name
+            prefix = f"rollout_rs_{name}"
+            is_k1 = bounds.option.is_k1
+            per_sequence = bounds.option.level == "sequence"
+            moments = self.row_stats[name]
+            metrics[f"{prefix}_mean"] = s.get(f"{name}:sum") / denominator
+            if per_sequence:
+                metrics[f"{prefix}_max"] = s.get(f"{name}:seq_max")
+                metrics[f"{prefix}_min"] = s.get(f"{name}:seq_min")
+                # verl computes these as `bool.float().mean()`: float32 even in a float64 run.
+                metrics[f"{prefix}_fraction_high"] = float32_fraction(s.get(f"{name}:seq_count_high"), valid_rows)
+                metrics[f"{prefix}_fraction_low"] = (
+                    float32_fraction(s.get(f"{name}:seq_count_low"), valid_rows) if is_k1 else 0.0
+                )
+            else:
+                metrics[f"{prefix}_max"] = s.get(f"{name}:max")
+                metrics[f"{prefix}_min"] = s.get(f"{name}:min")
+                metrics[f"{prefix}_fraction_high"] = s.get(f"{name}:count_high") / denominator
+                metrics[f"{prefix}_fraction_low"] = s.get(f"{name}:count_low") / denominator if is_k1 else 0.0
+            if tokens > 1:
+                mean_c = s.get(f"{name}:sum_c") / denominator
+                var = s.get(f"{name}:sum_c_sq") / denominator - mean_c * mean_c
+                metrics[f"{prefix}_std"] = math.sqrt(max(var, 0.0))
+            else:
+                metrics[f"{prefix}_std"] = 0.0
+            metrics[f"{prefix}_seq_mean"] = float(moments.mean.item())
+            metrics[f"{prefix}_seq_std"] = moments.std()
+            metrics[f"{prefix}_seq_max"] = s.get(f"{name}:seq_max")
+            metrics[f"{prefix}_seq_min"] = s.get(f"{name}:seq_min")
+            metrics[f"{prefix}_seq_max_deviation"] = s.get(f"{name}:seq_max_deviation")
+            metrics[f"{prefix}_seq_fraction_high"] = float32_fraction(s.get(f"{name}:seq_count_high"), valid_rows)
+            if is_k1:
+                metrics[f"{prefix}_seq_fraction_low"] = float32_fraction(s.get(f"{name}:seq_count_low"), valid_rows)
+            metrics[f"{prefix}_masked_fraction"] = s.get(f"{name}:rejected_tokens") / denominator
+            metrics[f"{prefix}_seq_masked_fraction"] = (
+                s.get(f"{name}:rejected_rows") / valid_rows if valid_rows > 0 else 0.0
+            )
+        metrics["rollout_rs_masked_fraction"] = s.get("rejected_tokens") / denominator
+        metrics["rollout_rs_seq_masked_fraction"] = float32_fraction(s.get("rejected_rows"), s.get("rows"))
+        return metrics
