@@ -1,0 +1,61 @@
+"""Array checks shared by the readers; all vectorized over the whole chunk."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..errors import InputError
+
+
+def reason(exc: BaseException) -> str:
+    """A library exception as a short clause: no trailing period, no repeated file name for OS errors."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc).strip().rstrip(".")
+
+
+def check_file(path: str) -> None:
+    """InputError when `path` is not an existing regular file (a clearer message than the library's)."""
+    if not os.path.isfile(path):
+        what = "not a regular file" if os.path.exists(path) else "no such file"
+        raise InputError(f"cannot read {path}: {what}", hint="check the path")
+
+
+def row_at(offsets: np.ndarray, position: int) -> int:
+    """Index (within the chunk) of the row holding flat token `position`."""
+    return int(np.searchsorted(offsets, position, side="right") - 1)
+
+
+def to_log_probs(values: np.ndarray) -> np.ndarray:
+    """Log-probs as float32 or float64; float16 is upcast to float32."""
+    if values.dtype == np.float64 or values.dtype == np.float32:
+        return values
+    return values.astype(np.float32)
+
+
+def common_float(old: np.ndarray, rollout: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both sides in float64 when either is, else float32."""
+    dtype = np.float64 if np.float64 in (old.dtype, rollout.dtype) else np.float32
+    return old.astype(dtype, copy=False), rollout.astype(dtype, copy=False)
+
+
+def mask_to_bool(
+    values: np.ndarray, offsets: np.ndarray, first_row: int, source: str, name: str, noun: str = "column"
+) -> np.ndarray:
+    """The mask as bool, or InputError naming the first row whose value is not exactly 0 or 1."""
+    if values.dtype == np.bool_:
+        return values
+    bad = (values != 0) & (values != 1)  # also catches NaN
+    if bad.any():
+        position = int(np.argmax(bad))
+        row = row_at(offsets, position)
+        token = position - int(offsets[row])
+        raise InputError(
+            f"expected response_mask values 0 or 1, got {values[position].item()!r} in {source} "
+            f"row {first_row + row} {noun} {name!r} (token {token})",
+            hint="write the mask as 0/1 (1 = trained-on token), or point --column response_mask=NAME "
+            "at the right column",
+        )
+    return values != 0

@@ -1,0 +1,98 @@
+"""The alias table: which column or tensor name plays which role."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..batch import ROLES
+from ..errors import InputError, UsageError
+from .options import ReadOptions
+
+# First match wins; the comments name the framework that writes each spelling (SPEC §2.1).
+ROLE_ALIASES: dict[str, tuple[str, ...]] = {
+    "old_log_probs": (
+        "old_log_probs",
+        "old_log_prob",  # verl
+        "log_probs",  # slime
+        "prev_logprobs",  # NeMo-RL
+        "trainer_logprobs",  # prime-rl
+        "action_log_probs",  # SkyRL
+        "old_per_token_logps",  # TRL
+    ),
+    "rollout_log_probs": (
+        "rollout_log_probs",
+        "rollout_log_prob",
+        "rollout_logprobs",
+        "generation_logprobs",
+        "inference_logprobs",
+        "sampling_per_token_logps",
+    ),
+    "response_mask": (
+        "response_mask",
+        "loss_mask",
+        "loss_masks",
+        "token_loss_mask",
+        "action_mask",
+        "completion_mask",
+    ),
+}
+
+_MAX_LISTED = 30
+
+
+def check_options(options: ReadOptions) -> None:
+    """Raise UsageError for a `--column` role that does not exist or a non-positive chunk size."""
+    for role, name in options.columns.items():
+        if role not in ROLES:
+            raise UsageError(
+                f"unknown role {role!r} in --column {role}={name}",
+                hint=f"use one of {', '.join(ROLES)}",
+            )
+        if not name:
+            raise UsageError(f"empty column name in --column {role}=", hint=f"write --column {role}=NAME")
+    if options.chunk_rows < 1:
+        raise UsageError(f"chunk size must be at least 1 row, got {options.chunk_rows}")
+
+
+def format_available(available: Sequence[str]) -> str:
+    """The available names as one short, readable list."""
+    if not available:
+        return "(none)"
+    shown = ", ".join(available[:_MAX_LISTED])
+    more = len(available) - _MAX_LISTED
+    return f"{shown}, … (+{more} more)" if more > 0 else shown
+
+
+def resolve_roles(
+    available: Sequence[str], options: ReadOptions, source: str, *, noun: str = "column"
+) -> dict[str, str | None]:
+    """Map each role to the name that holds it in `available` (None only for a mask under `--no-mask`)."""
+    check_options(options)
+    present = set(available)
+    resolved: dict[str, str | None] = {}
+    for role in ROLES:
+        override = options.columns.get(role)
+        if override is not None:
+            if override not in present:
+                raise InputError(
+                    f"{noun} {override!r} given by --column {role}={override} is not in {source}; "
+                    f"available {noun}s: {format_available(available)}",
+                    hint=f"pick one of the available {noun}s with --column {role}=NAME",
+                )
+            resolved[role] = override
+            continue
+        match = next((name for name in ROLE_ALIASES[role] if name in present), None)
+        if match is None:
+            if role == "response_mask" and options.no_mask:
+                resolved[role] = None
+                continue
+            hint = f"name the {noun} with --column {role}=NAME"
+            if role == "response_mask":
+                hint += ", or pass --no-mask to treat every token as trained on"
+            raise InputError(
+                f"no {role} {noun} in {source} (looked for {', '.join(ROLE_ALIASES[role])}); "
+                f"available {noun}s: {format_available(available)}",
+                hint=hint,
+            )
+        resolved[role] = match
+    return resolved

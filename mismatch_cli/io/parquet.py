@@ -1,0 +1,180 @@
+"""Wide-layout parquet: one row per sequence, each role a list column."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..batch import Batch
+from ..errors import InputError
+from ._common import check_file, common_float, mask_to_bool, reason, row_at, to_log_probs
+from .aliases import resolve_roles
+from .options import ReadOptions
+
+_READ_HINT = "check that the file is a complete parquet file (re-export it if it was truncated or half-written)"
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _check_role_type(field: pa.Field, role: str, source: str) -> None:
+    value_type = field.type.value_type if _is_list(field.type) else None
+    if value_type is not None and pa.types.is_floating(value_type):
+        return
+    if value_type is not None and role == "response_mask":
+        if pa.types.is_boolean(value_type) or pa.types.is_integer(value_type):
+            return
+    expected = "a list of bool, int or float" if role == "response_mask" else "a list of float32 or float64"
+    raise InputError(
+        f"expected {expected} for {role}, got {field.type} in {source} column {field.name!r}",
+        hint=f"store {role} as one list per row, or point --column {role}=NAME at the right column",
+    )
+
+
+def _flatten(arr: pa.Array, role: str, name: str, source: str, first_row: int) -> tuple[np.ndarray, np.ndarray]:
+    """Flat values and chunk-relative int64 offsets of a list array, without a loop over rows."""
+    if arr.null_count:
+        row = int(np.argmax(arr.is_null().to_numpy(zero_copy_only=False)))
+        raise InputError(
+            f"expected a list of {role} values, got null in {source} row {first_row + row} column {name!r}",
+            hint="drop or fill rows with a missing list before dumping",
+        )
+    flat = arr.flatten()
+    if pa.types.is_fixed_size_list(arr.type):
+        offsets = np.arange(len(arr) + 1, dtype=np.int64) * arr.type.list_size
+    else:
+        raw = arr.offsets.to_numpy()
+        offsets = raw.astype(np.int64) - int(raw[0])
+    if flat.null_count:
+        position = int(np.argmax(flat.is_null().to_numpy(zero_copy_only=False)))
+        row = row_at(offsets, position)
+        raise InputError(
+            f"expected {role} values, got null in {source} row {first_row + row} column {name!r} "
+            f"(token {position - int(offsets[row])})",
+            hint="fill missing values (padding belongs where the mask is 0) before dumping",
+        )
+    return flat.to_numpy(zero_copy_only=False), offsets
+
+
+def _describe(name: str, role: str) -> str:
+    return f"column {name!r}" if name == role else f"column {name!r} ({role})"
+
+
+def _check_lengths(offsets: dict[str, np.ndarray], names: dict[str, str], source: str, first_row: int) -> None:
+    roles = list(offsets)
+    reference = roles[0]
+    for other in roles[1:]:
+        if np.array_equal(offsets[reference], offsets[other]):
+            continue
+        ref_len, other_len = np.diff(offsets[reference]), np.diff(offsets[other])
+        row = int(np.argmax(ref_len != other_len))
+        raise InputError(
+            f"expected equal lengths in {source} row {first_row + row}, got {int(ref_len[row])} tokens in "
+            f"{_describe(names[reference], reference)} and {int(other_len[row])} in "
+            f"{_describe(names[other], other)}",
+            hint="every role must hold one value per token of the same response; check the columns "
+            "chosen with --column",
+        )
+
+
+def _steps(arr: pa.Array, name: str, source: str, first_row: int) -> np.ndarray:
+    if arr.null_count:
+        row = int(np.argmax(arr.is_null().to_numpy(zero_copy_only=False)))
+        raise InputError(
+            f"expected an integer step, got null in {source} row {first_row + row} column {name!r}",
+            hint="fill the step column, or drop it",
+        )
+    return arr.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def read_parquet(path: str, options: ReadOptions) -> Iterator[Batch]:
+    """Stream a wide parquet file as Batches of at most `chunk_rows` rows, reading only the needed columns."""
+    check_file(path)
+    try:
+        handle = pq.ParquetFile(path, pre_buffer=False)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"cannot read {path} as parquet: {reason(exc)}", hint=_READ_HINT) from exc
+    with handle:
+        yield from _read_open(handle, path, options)
+
+
+def _read_open(handle: pq.ParquetFile, path: str, options: ReadOptions) -> Iterator[Batch]:
+    schema = handle.schema_arrow
+    available = schema.names
+    roles = resolve_roles(available, options, path)
+    names = {role: name for role, name in roles.items() if name is not None}
+    for role, name in names.items():
+        _check_role_type(schema.field(name), role, path)
+
+    step_name: str | None = None
+    if options.step_column in available:
+        step_type = schema.field(options.step_column).type
+        if not pa.types.is_integer(step_type):
+            raise InputError(
+                f"expected an integer step column, got {step_type} in {path} column {options.step_column!r}",
+                hint="store the training step as an integer column, or drop or rename the column",
+            )
+        step_name = options.step_column
+    id_name = next(
+        (
+            name
+            for name in options.id_columns
+            if name in available
+            and (
+                pa.types.is_integer(schema.field(name).type)
+                or pa.types.is_string(schema.field(name).type)
+                or pa.types.is_large_string(schema.field(name).type)
+            )
+        ),
+        None,
+    )
+    needed = list(dict.fromkeys([*names.values(), *(n for n in (step_name, id_name) if n is not None)]))
+
+    first_row = 0
+    try:
+        for record_batch in handle.iter_batches(batch_size=options.chunk_rows, columns=needed):
+            if record_batch.num_rows == 0:
+                continue
+            yield _to_batch(record_batch, names, step_name, id_name, path, first_row)
+            first_row += record_batch.num_rows
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(
+            f"cannot read {path} as parquet: {reason(exc)} (after row {first_row})", hint=_READ_HINT
+        ) from exc
+
+
+def _to_batch(
+    record_batch: pa.RecordBatch,
+    names: dict[str, str],
+    step_name: str | None,
+    id_name: str | None,
+    source: str,
+    first_row: int,
+) -> Batch:
+    values: dict[str, np.ndarray] = {}
+    offsets: dict[str, np.ndarray] = {}
+    for role, name in names.items():
+        values[role], offsets[role] = _flatten(record_batch.column(name), role, name, source, first_row)
+    _check_lengths(offsets, names, source, first_row)
+    row_offsets = offsets["old_log_probs"]
+    old, rollout = common_float(to_log_probs(values["old_log_probs"]), to_log_probs(values["rollout_log_probs"]))
+    if "response_mask" in values:
+        mask = mask_to_bool(values["response_mask"], row_offsets, first_row, source, names["response_mask"])
+    else:
+        mask = np.ones(len(old), dtype=np.bool_)
+    steps = _steps(record_batch.column(step_name), step_name, source, first_row) if step_name else None
+    ids = record_batch.column(id_name).to_numpy(zero_copy_only=False) if id_name else None
+    return Batch(
+        old_log_probs=old,
+        rollout_log_probs=rollout,
+        response_mask=mask,
+        offsets=row_offsets,
+        source=source,
+        first_row=first_row,
+        steps=steps,
+        sequence_ids=ids,
+    )
