@@ -1,0 +1,139 @@
+"""Library entry points: `analyze(paths, ...) -> Report`, usable from a notebook as from the CLI."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from typing import Any
+
+from mismatch_cli import __version__
+from mismatch_cli.config import CorrectionConfig, ResolvedCorrection, resolve
+from mismatch_cli.health import summarize
+from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, iter_batches, sha256_file
+from mismatch_cli.report import TOOL_NAME, InputSummary, Report
+
+QUALITY_KEYS = (
+    "nonfinite_tokens",
+    "sentinel_tokens",
+    "positive_logprob_tokens",
+    "one_side_zero_tokens",
+)
+QUALITY_WARNINGS = {
+    "nonfinite_tokens": "valid tokens with a NaN or infinite log-prob were excluded from every metric",
+    "sentinel_tokens": "valid tokens with a sentinel log-prob (<= -1e4, e.g. -9999) were excluded",
+    "positive_logprob_tokens": "valid tokens have a log-prob > 0 (kept; a probability above 1 is a dump bug)",
+    "one_side_zero_tokens": "valid tokens have a log-prob of exactly 0.0 on one side only "
+    "(kept; often a missing log-prob filled with 0)",
+}
+
+
+def analyze(
+    paths: Sequence[str],
+    correction: CorrectionConfig | None = None,
+    read_options: ReadOptions | None = None,
+    device: str = "auto",
+    dtype: str = "float32",
+    by_step: bool = False,
+    hash_inputs: bool = True,
+) -> Report:
+    """Read dumps, run verl's rollout correction over them as one batch, and build the report."""
+    from mismatch_cli.engine.runner import run  # torch is imported only when analysis really runs
+
+    correction = correction or CorrectionConfig()
+    resolved = resolve(correction)
+    read_options = read_options or ReadOptions()
+    files = discover_inputs(paths)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # Hash in the background: hashlib releases the GIL, so this overlaps with decoding.
+        hashes = {f.path: pool.submit(sha256_file, f.path) for f in files} if hash_inputs else {}
+        result = run(iter_batches(files, read_options), resolved, device=device, dtype=dtype, by_step=by_step)
+        digests = {path: future.result() for path, future in hashes.items()}
+    return build_report(files, digests, result, correction, resolved, by_step)
+
+
+def build_report(
+    files: Sequence[InputFile],
+    digests: dict[str, str],
+    result: Any,
+    correction: CorrectionConfig,
+    resolved: ResolvedCorrection,
+    by_step: bool,
+) -> Report:
+    """Assemble the report from the engine's result (no computation over tokens happens here)."""
+    inputs = []
+    for f in files:
+        stats = result.sources.get(f.path)
+        quality = stats.quality if stats else {}
+        valid = quality.get("masked_tokens", 0) - quality.get("nonfinite_tokens", 0) - quality.get(
+            "sentinel_tokens", 0
+        )
+        inputs.append(
+            InputSummary(
+                path=f.path,
+                format=f.format,
+                bytes=f.bytes,
+                sha256=digests.get(f.path),
+                sequences=stats.sequences if stats else 0,
+                tokens=valid,
+            )
+        )
+    warnings = _warnings(result, resolved, by_step)
+    data_quality = _data_quality(result)
+    for key in QUALITY_KEYS:
+        count = data_quality["totals"].get(key, 0)
+        if count:
+            warnings.append(f"{count} {QUALITY_WARNINGS[key]}")
+    config = {**correction.to_dict(), "device": result.device, "dtype": result.dtype, "by_step": by_step}
+    steps = [
+        {
+            "step": step,
+            "valid_tokens": batch.valid_tokens,
+            "metrics": batch.metrics,
+            "notes": batch.notes,
+        }
+        for step, batch in result.steps.items()
+    ]
+    return Report(
+        tool={"name": TOOL_NAME, "version": __version__},
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        inputs=inputs,
+        config=config,
+        metrics=result.overall.metrics,
+        summary=summarize(result.overall.metrics),
+        steps=steps,
+        data_quality=data_quality,
+        warnings=warnings,
+    )
+
+
+def _data_quality(result: Any) -> dict[str, Any]:
+    totals: dict[str, int] = {}
+    files: dict[str, dict[str, int]] = {}
+    for path, stats in result.sources.items():
+        files[path] = dict(stats.quality)
+        for key, value in stats.quality.items():
+            totals[key] = totals.get(key, 0) + value
+    totals["excluded_tokens"] = totals.get("nonfinite_tokens", 0) + totals.get("sentinel_tokens", 0)
+    totals["empty_rows"] = int(result.overall.metrics.get("diag/empty_rows") or 0)
+    return {"totals": totals, "files": files}
+
+
+def _warnings(result: Any, resolved: ResolvedCorrection, by_step: bool) -> list[str]:
+    warnings: list[str] = []
+    for option in resolved.asymmetric_k1:
+        if resolved.k1_bounds == "verl":
+            warnings.append(
+                f"{option.name} with asymmetric bounds {option.lower}_{option.upper}: verl compares "
+                f"k1 = -log(ratio) with [log L, log U], so it keeps ratios in [{1 / option.upper:.7g}, "
+                f"{1 / option.lower:.7g}], not [{option.lower}, {option.upper}]; reproduced as verl does "
+                "(use --k1-bounds ratio for the intended rule)"
+            )
+    for note in result.overall.notes:
+        warnings.append(f"overall: {note}")
+    if by_step and not result.steps:
+        warnings.append("--by step: the input has no step column or metadata, so no per-step table was made")
+    for step, batch in result.steps.items():
+        for note in batch.notes:
+            warnings.append(f"step {step}: {note}")
+    return warnings

@@ -1,0 +1,91 @@
+"""The versioned analysis report: dataclasses that round-trip through JSON for compare / check."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mismatch_cli.errors import InputError
+
+SCHEMA_VERSION = 1
+TOOL_NAME = "mismatch"
+
+
+@dataclass
+class InputSummary:
+    """One input file as the report records it."""
+
+    path: str
+    format: str
+    bytes: int
+    sha256: str | None
+    sequences: int
+    tokens: int
+
+
+@dataclass
+class Report:
+    """Everything `analyze` found; `metrics` is a flat map of key -> number or None."""
+
+    tool: dict[str, str]
+    created_at: str
+    inputs: list[InputSummary]
+    config: dict[str, Any]
+    metrics: dict[str, float | None]
+    summary: dict[str, Any] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    quantiles: dict[str, Any] = field(default_factory=dict)
+    histograms: dict[str, Any] = field(default_factory=dict)
+    worst_sequences: list[dict[str, Any]] = field(default_factory=list)
+    data_quality: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready mapping with `schema_version` first."""
+        body = asdict(self)
+        body.pop("schema_version")
+        return {"schema_version": self.schema_version, **body}
+
+    def to_json(self) -> str:
+        """Strict JSON (non-finite numbers become null)."""
+        return json.dumps(_finite(self.to_dict()), indent=2, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "report") -> Report:
+        """Rebuild a report from its JSON mapping, refusing other schema versions."""
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise InputError(
+                f"{source}: unsupported report schema_version {version!r} (this tool reads {SCHEMA_VERSION})",
+                hint="re-run `mismatch analyze` with this version to regenerate the report",
+            )
+        try:
+            inputs = [InputSummary(**item) for item in data["inputs"]]
+            fields = {k: v for k, v in data.items() if k not in ("schema_version", "inputs")}
+            return cls(inputs=inputs, **fields)
+        except (KeyError, TypeError) as exc:
+            raise InputError(f"{source}: not a mismatch report ({exc})", hint="pass a report.json") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> Report:
+        """Read a report.json written by `mismatch analyze`."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise InputError(f"cannot read report {path}: {exc}", hint="pass a report.json") from None
+        return cls.from_dict(data, source=str(path))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
