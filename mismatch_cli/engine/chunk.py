@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -107,6 +108,14 @@ def quality_counts(
     return keep, counts
 
 
+def _tensor(array: np.ndarray, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    with warnings.catch_warnings():
+        # Arrow hands out read-only zero-copy arrays; we never write into them, so torch's warning is moot.
+        warnings.simplefilter("ignore", UserWarning)
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+    return tensor.to(device, dtype, non_blocking=device.type == "cuda")
+
+
 def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype) -> Chunk:
     """Select the valid tokens of a batch and move them to the device in the compute dtype."""
     mask = batch.response_mask.astype(bool, copy=False)
@@ -117,11 +126,10 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype) -> Chunk:
         old_np, rollout_np, row_np = batch.old_log_probs, batch.rollout_log_probs, row_of_position
     else:
         old_np, rollout_np, row_np = batch.old_log_probs[keep], batch.rollout_log_probs[keep], row_of_position[keep]
-    non_blocking = device.type == "cuda"
     return Chunk(
-        old=torch.from_numpy(np.ascontiguousarray(old_np)).to(device, dtype, non_blocking=non_blocking),
-        rollout=torch.from_numpy(np.ascontiguousarray(rollout_np)).to(device, dtype, non_blocking=non_blocking),
-        row=torch.from_numpy(np.ascontiguousarray(row_np)).to(device, non_blocking=non_blocking),
+        old=_tensor(old_np, device, dtype),
+        rollout=_tensor(rollout_np, device, dtype),
+        row=_tensor(row_np, device),
         num_rows=batch.num_rows,
         quality=counts,
     )

@@ -43,7 +43,7 @@ class DiagnosticsAccumulator:
     def compute(self) -> dict[str, float]:
         """The `diag/` keys (unprefixed) this accumulator owns."""
         s = self.state
-        tokens = s.get("tokens")
+        tokens = s.get("tokens") or math.nan  # no valid token: every mean is undefined
         mean_ratio = s.get("sum_ratio") / (tokens + 1e-8)
         mean_ratio_sq = s.get("sum_ratio_sq") / (tokens + 1e-8)
         return {
@@ -55,7 +55,7 @@ class DiagnosticsAccumulator:
             # verl's ESS formula (1 / MM((w / MM(w))^2)) on raw, untruncated token ratios.
             "ess_token": (mean_ratio + 1e-8) ** 2 / mean_ratio_sq if mean_ratio_sq > 0 else math.nan,
             "sequences": s.get("rows"),
-            "valid_tokens": tokens,
+            "valid_tokens": s.get("tokens"),
             "empty_rows": s.get("empty_rows"),
             "nonfinite_tokens": s.get("nonfinite_tokens"),
             "sentinel_tokens": s.get("sentinel_tokens"),
