@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -14,11 +15,12 @@ from mismatch_cli.config import SAFETY_BOUND
 from mismatch_cli.engine.state import F64
 
 SENTINEL_LOGPROB = -1e4
+MAX_CHUNK_POSITIONS = 1 << 20  # bounds every per-token temporary to a few MB
 
 
 @dataclass
 class Chunk:
-    """Valid tokens of a chunk, grouped by row, with the per-row quantities every family shares.
+    """Valid tokens of a chunk, contiguous per row, with the per-row quantities every family shares.
 
     A token is valid when its mask is 1 and both log-probs are finite and above the sentinel
     bound; excluded tokens are counted in `quality` and then behave exactly like padding.
@@ -26,9 +28,18 @@ class Chunk:
 
     old: torch.Tensor  # [N_valid] compute dtype
     rollout: torch.Tensor  # [N_valid]
-    row: torch.Tensor  # [N_valid] int64 row index within the chunk
-    num_rows: int
+    lengths: torch.Tensor  # [B] int64 valid tokens per row
     quality: dict[str, int]
+
+    @property
+    def num_rows(self) -> int:
+        """Number of rows (sequences), empty ones included."""
+        return int(self.lengths.numel())
+
+    @property
+    def num_tokens(self) -> int:
+        """Number of valid tokens."""
+        return int(self.old.numel())
 
     @cached_property
     def log_ratio(self) -> torch.Tensor:
@@ -36,20 +47,30 @@ class Chunk:
         return self.old - self.rollout
 
     @cached_property
+    def ratio(self) -> torch.Tensor:
+        """Unclamped token ratio exp(old - rollout) (may overflow to inf, as in verl's k3_kl)."""
+        return torch.exp(self.log_ratio)
+
+    @cached_property
     def log_ratio_safe(self) -> torch.Tensor:
         """Token log-ratio clamped to verl's safety bound [-20, 20]."""
         return self.log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
 
     @cached_property
+    def ratio_safe(self) -> torch.Tensor:
+        """exp(clamp(log-ratio, -20, 20)), bit-identical to verl's, from the one exp of `ratio`."""
+        bound = torch.tensor(SAFETY_BOUND, dtype=self.old.dtype, device=self.old.device)
+        return self.ratio.clamp(torch.exp(-bound), torch.exp(bound))
+
+    @cached_property
     def row_tokens(self) -> torch.Tensor:
         """Valid tokens per row, float64 [B] (0 for an empty row)."""
-        counts = torch.bincount(self.row, minlength=self.num_rows)
-        return counts.to(F64)
+        return self.lengths.to(F64)
 
     @cached_property
     def row_valid(self) -> torch.Tensor:
         """Rows with at least one valid token, bool [B]."""
-        return self.row_tokens > 0
+        return self.lengths > 0
 
     @cached_property
     def row_denominator(self) -> torch.Tensor:
@@ -61,15 +82,11 @@ class Chunk:
         """S_i: per-row sum of the unclamped log-ratio, float64 [B]."""
         return self.row_sum(self.log_ratio)
 
-    @property
-    def num_tokens(self) -> int:
-        """Number of valid tokens."""
-        return int(self.old.numel())
-
     def row_sum(self, values: torch.Tensor) -> torch.Tensor:
-        """Per-row float64 sum of per-token values."""
-        out = torch.zeros(self.num_rows, dtype=F64, device=values.device)
-        return out.index_add_(0, self.row, values.to(F64))
+        """Per-row float64 sum of per-token values (0 for an empty row)."""
+        if self.num_rows == 0:
+            return torch.zeros(0, dtype=F64, device=values.device)
+        return torch.segment_reduce(values.to(F64), "sum", lengths=self.lengths, unsafe=True)
 
     def row_mean(self, values: torch.Tensor) -> torch.Tensor:
         """verl's masked_mean along a row: sum / (count + 1e-8); 0 for an empty row."""
@@ -77,13 +94,14 @@ class Chunk:
 
     def row_max(self, values: torch.Tensor) -> torch.Tensor:
         """Per-row max over valid tokens (0 for an empty row, as verl's seq_max does)."""
-        out = torch.full((self.num_rows,), -torch.inf, dtype=F64, device=values.device)
-        out = out.scatter_reduce_(0, self.row, values.to(F64), reduce="amax", include_self=True)
+        if self.num_rows == 0:
+            return torch.zeros(0, dtype=F64, device=values.device)
+        out = torch.segment_reduce(values.to(F64), "max", lengths=self.lengths, unsafe=True)
         return torch.where(self.row_valid, out, torch.zeros_like(out))
 
-    def row_any(self, flags: torch.Tensor) -> torch.Tensor:
-        """Per-row: does any valid token carry the flag, bool [B]."""
-        return self.row_sum(flags.to(F64)) > 0
+    def row_count(self, flags: torch.Tensor) -> torch.Tensor:
+        """Per-row number of valid tokens carrying the flag, float64 [B]."""
+        return self.row_sum(flags)
 
 
 def quality_counts(
@@ -108,6 +126,31 @@ def quality_counts(
     return keep, counts
 
 
+def bounded(batch: Batch, max_positions: int = MAX_CHUNK_POSITIONS) -> Iterator[Batch]:
+    """Split a batch into row-aligned views of at most `max_positions` positions (one long row stays whole)."""
+    if batch.num_positions <= max_positions:
+        yield batch
+        return
+    offsets = batch.offsets
+    start = 0
+    while start < batch.num_rows:
+        limit = offsets[start] + max_positions
+        stop = max(int(np.searchsorted(offsets, limit, side="right")) - 1, start + 1)
+        a, b = offsets[start], offsets[stop]
+        yield Batch(
+            old_log_probs=batch.old_log_probs[a:b],
+            rollout_log_probs=batch.rollout_log_probs[a:b],
+            response_mask=batch.response_mask[a:b],
+            offsets=offsets[start : stop + 1] - a,
+            source=batch.source,
+            first_row=batch.first_row + start,
+            steps=None if batch.steps is None else batch.steps[start:stop],
+            sequence_ids=None if batch.sequence_ids is None else batch.sequence_ids[start:stop],
+            labels=batch.labels,
+        )
+        start = stop
+
+
 def _tensor(array: np.ndarray, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
     with warnings.catch_warnings():
         # Arrow hands out read-only zero-copy arrays; we never write into them, so torch's warning is moot.
@@ -120,16 +163,19 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype) -> Chunk:
     """Select the valid tokens of a batch and move them to the device in the compute dtype."""
     mask = batch.response_mask.astype(bool, copy=False)
     keep, counts = quality_counts(batch.old_log_probs, batch.rollout_log_probs, mask)
-    lengths = np.diff(batch.offsets)
-    row_of_position = np.repeat(np.arange(batch.num_rows, dtype=np.int64), lengths)
     if keep.all():
-        old_np, rollout_np, row_np = batch.old_log_probs, batch.rollout_log_probs, row_of_position
+        old_np, rollout_np = batch.old_log_probs, batch.rollout_log_probs
+        lengths = np.diff(batch.offsets)
     else:
-        old_np, rollout_np, row_np = batch.old_log_probs[keep], batch.rollout_log_probs[keep], row_of_position[keep]
+        old_np, rollout_np = batch.old_log_probs[keep], batch.rollout_log_probs[keep]
+        kept_before = np.concatenate(([0], np.cumsum(keep, dtype=np.int64)))
+        lengths = np.diff(kept_before[batch.offsets])
     return Chunk(
         old=_tensor(old_np, device, dtype),
         rollout=_tensor(rollout_np, device, dtype),
-        row=_tensor(row_np, device),
-        num_rows=batch.num_rows,
+        lengths=_tensor(lengths.astype(np.int64, copy=False), device),
         quality=counts,
     )
+
+
+__all__ = ["Chunk", "bounded", "make_chunk", "quality_counts"]

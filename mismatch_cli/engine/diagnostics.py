@@ -7,7 +7,7 @@ import math
 import torch
 
 from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.state import F64, Reducer
+from mismatch_cli.engine.state import Reducer
 
 
 class DiagnosticsAccumulator:
@@ -21,16 +21,16 @@ class DiagnosticsAccumulator:
         s = self.state
         log_ratio = chunk.log_ratio
         abs_log_ratio = log_ratio.abs()
-        ratio = torch.exp(chunk.log_ratio_safe)
+        ratio = chunk.ratio_safe
         s.add("tokens", float(chunk.num_tokens))
         s.add("rows", float(chunk.num_rows))
-        s.add("empty_rows", (~chunk.row_valid).sum(dtype=F64))
-        s.add("sum_abs", abs_log_ratio.sum(dtype=F64))
-        s.add("sum_log_ratio", log_ratio.sum(dtype=F64))
-        s.add("negative", (log_ratio < 0).sum(dtype=F64))
-        s.add("sum_exp_abs", torch.exp(abs_log_ratio).sum(dtype=F64))
-        s.add("sum_ratio", ratio.sum(dtype=F64))
-        s.add("sum_ratio_sq", ratio.square().sum(dtype=F64))
+        s.add("empty_rows", (~chunk.row_valid).sum())
+        s.add("sum_abs", abs_log_ratio.sum())
+        s.add("sum_log_ratio", log_ratio.sum())
+        s.add("negative", (log_ratio < 0).sum())
+        s.add("sum_exp_abs", torch.exp(abs_log_ratio).sum())
+        s.add("sum_ratio", ratio.sum())
+        s.add("sum_ratio_sq", ratio.square().sum())
         if chunk.num_tokens:
             s.max("max_abs", abs_log_ratio.max())
         for name in ("nonfinite_tokens", "sentinel_tokens"):

@@ -43,16 +43,16 @@ class ImportanceAccumulator:
     def _update_token(self, chunk: Chunk) -> None:
         s, upper = self.state, self.threshold.upper
         lower_metric = self.threshold.metric_lower
-        raw = torch.exp(chunk.log_ratio_safe)
+        raw = chunk.ratio_safe
         weight = self._apply(raw)
         s.add("tokens", float(chunk.num_tokens))
-        s.add("sum_w", weight.sum(dtype=F64))
+        s.add("sum_w", weight.sum())
         # verl clamps to [0, U] before std / ESS; applied weights already lie there.
-        s.add("sum_w_sq", weight.square().sum(dtype=F64))
-        s.add("count_high", (raw > upper).sum(dtype=F64))
-        s.add("count_low", (raw < lower_metric).sum(dtype=F64))
+        s.add("sum_w_sq", weight.square().sum())
+        s.add("count_high", (raw > upper).sum())
+        s.add("count_low", (raw < lower_metric).sum())
         if self.threshold.icepop:
-            s.add("count_oob", ((raw < self.threshold.lower) | (raw > upper)).sum(dtype=F64))
+            s.add("count_oob", ((raw < self.threshold.lower) | (raw > upper)).sum())
         if chunk.num_tokens:
             s.max("max_w", weight.max())
             s.min("min_w", weight.min())
@@ -76,8 +76,8 @@ class ImportanceAccumulator:
         if chunk.num_rows:
             s.max("max_log_sum", log_sum.max())
             s.min("min_log_sum", log_sum.min())
-        s.add("count_high", (log_sum > _float32_log(upper)).sum(dtype=F64))
-        s.add("count_low", (log_sum < _float32_log(self.threshold.metric_lower)).sum(dtype=F64))
+        s.add("count_high", (log_sum > _float32_log(upper)).sum())
+        s.add("count_low", (log_sum < _float32_log(self.threshold.metric_lower)).sum())
         denominator = chunk.row_denominator
         self._rows(chunk, weight * tokens / denominator, raw * tokens / denominator)
 
@@ -89,9 +89,9 @@ class ImportanceAccumulator:
             s.max("seq_max", row_mean.max())
             s.min("seq_min", row_mean.min())
             s.max("seq_max_deviation", (row_mean - 1.0).abs().max())
-        s.add("seq_count_high", (raw_row_mean > self.threshold.upper).sum(dtype=F64))
-        s.add("seq_count_low", (raw_row_mean < self.threshold.metric_lower).sum(dtype=F64))
-        s.add("valid_rows", chunk.row_valid.sum(dtype=F64))
+        s.add("seq_count_high", (raw_row_mean > self.threshold.upper).sum())
+        s.add("seq_count_low", (raw_row_mean < self.threshold.metric_lower).sum())
+        s.add("valid_rows", chunk.row_valid.sum())
         s.add("sum_valid_row_mean", (row_mean * chunk.row_valid).sum())
 
     def merge(self, other: ImportanceAccumulator) -> None:

@@ -8,7 +8,7 @@ import torch
 
 from mismatch_cli.config import RsOption
 from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.state import F64, Moments, Reducer, float32_fraction
+from mismatch_cli.engine.state import Moments, Reducer, float32_fraction
 
 
 def token_statistic(chunk: Chunk, statistic: str) -> torch.Tensor:
@@ -57,9 +57,10 @@ class RejectionAccumulator:
         s = self.state
         s.add("tokens", float(chunk.num_tokens))
         s.add("rows", float(chunk.num_rows))
-        s.add("valid_rows", chunk.row_valid.sum(dtype=F64))
         valid = chunk.row_valid
-        combined_reject = torch.zeros(chunk.num_tokens, dtype=torch.bool, device=chunk.old.device)
+        s.add("valid_rows", valid.sum())
+        token_reject: torch.Tensor | None = None  # union over token-level options, per token
+        row_reject_any = torch.zeros_like(valid)  # union over sequence-level options, per row
         for bounds in self.bounds:
             name = bounds.option.name
             is_k1 = bounds.option.is_k1
@@ -68,17 +69,18 @@ class RejectionAccumulator:
                 row_value = chunk.row_mean(stat)
                 reject = ~bounds.keep(stat)
                 clamped = stat.clamp(min=bounds.low, max=bounds.high)
-                s.add(f"{name}:sum", stat.sum(dtype=F64))
-                s.add(f"{name}:sum_c", clamped.sum(dtype=F64))
-                s.add(f"{name}:sum_c_sq", clamped.square().sum(dtype=F64))
-                s.add(f"{name}:count_high", (stat > bounds.high).sum(dtype=F64))
+                s.add(f"{name}:sum", stat.sum())
+                s.add(f"{name}:sum_c", clamped.sum())
+                s.add(f"{name}:sum_c_sq", clamped.square().sum())
+                s.add(f"{name}:count_high", (stat > bounds.high).sum())
                 if is_k1:
-                    s.add(f"{name}:count_low", (stat < bounds.low).sum(dtype=F64))
+                    s.add(f"{name}:count_low", (stat < bounds.low).sum())
                 if chunk.num_tokens:
                     s.max(f"{name}:max", stat.max())
                     s.min(f"{name}:min", stat.min())
-                s.add(f"{name}:rejected_tokens", reject.sum(dtype=F64))
-                rejected_rows = chunk.row_any(reject)
+                s.add(f"{name}:rejected_tokens", reject.sum())
+                rejected_rows = chunk.row_count(reject) > 0
+                token_reject = reject if token_reject is None else token_reject | reject
             else:
                 reduction = bounds.option.reduction
                 if reduction == "sum":
@@ -87,28 +89,32 @@ class RejectionAccumulator:
                     row_value = chunk.row_mean(stat)
                 else:
                     row_value = chunk.row_max(stat)
-                row_reject = ~bounds.keep(row_value)
+                rejected_rows = ~bounds.keep(row_value)
                 tokens = chunk.row_tokens
                 clamped = row_value.clamp(min=bounds.low, max=bounds.high)
                 s.add(f"{name}:sum", (row_value * tokens).sum())
                 s.add(f"{name}:sum_c", (clamped * tokens).sum())
                 s.add(f"{name}:sum_c_sq", (clamped.square() * tokens).sum())
-                s.add(f"{name}:rejected_tokens", (row_reject.to(F64) * tokens).sum())
-                reject = row_reject[chunk.row]
-                rejected_rows = row_reject & valid
+                s.add(f"{name}:rejected_tokens", (rejected_rows * tokens).sum())
+                row_reject_any |= rejected_rows
             valid_values = row_value[valid]
             self.row_stats[name].update(valid_values)
             if valid_values.numel():
                 s.max(f"{name}:seq_max", valid_values.max())
                 s.min(f"{name}:seq_min", valid_values.min())
                 s.max(f"{name}:seq_max_deviation", valid_values.abs().max())
-            s.add(f"{name}:seq_count_high", (valid_values > bounds.high).sum(dtype=F64))
+            s.add(f"{name}:seq_count_high", (valid_values > bounds.high).sum())
             if is_k1:
-                s.add(f"{name}:seq_count_low", (valid_values < bounds.low).sum(dtype=F64))
-            s.add(f"{name}:rejected_rows", (rejected_rows & valid).sum(dtype=F64))
-            combined_reject |= reject
-        s.add("rejected_tokens", combined_reject.sum(dtype=F64))
-        s.add("rejected_rows", chunk.row_any(combined_reject).sum(dtype=F64))
+                s.add(f"{name}:seq_count_low", (valid_values < bounds.low).sum())
+            s.add(f"{name}:rejected_rows", (rejected_rows & valid).sum())
+        # Combined keep = AND of all options: a row rejected by a sequence option loses all its
+        # tokens; elsewhere the tokens rejected by any token option are lost.
+        tokens_rejected_in_row = (
+            chunk.row_count(token_reject) if token_reject is not None else torch.zeros_like(chunk.row_tokens)
+        )
+        lost = torch.where(row_reject_any, chunk.row_tokens, tokens_rejected_in_row)
+        s.add("rejected_tokens", lost.sum())
+        s.add("rejected_rows", (valid & (lost > 0)).sum())
 
     def merge(self, other: RejectionAccumulator) -> None:
         """Fold another accumulator of the same configuration into this one."""

@@ -11,7 +11,7 @@ import torch
 from mismatch_cli.batch import Batch
 from mismatch_cli.config import ResolvedCorrection
 from mismatch_cli.engine.analysis import BatchAccumulator, BatchResult
-from mismatch_cli.engine.chunk import make_chunk
+from mismatch_cli.engine.chunk import bounded, make_chunk
 from mismatch_cli.errors import ConfigError, DataError, UsageError
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -107,7 +107,7 @@ def run(
     sources: dict[str, SourceStats] = {}
     compute_dtype = DTYPES[dtype]
     any_rows = False
-    for batch in batches:
+    for batch in (piece for whole in batches for piece in bounded(whole)):
         if batch.num_rows == 0:
             continue
         any_rows = True

@@ -19,6 +19,6 @@ class ReadOptions:
 
     columns: Mapping[str, str] = field(default_factory=dict)
     no_mask: bool = False
-    chunk_rows: int = 8192
+    chunk_rows: int = 1024
     step_column: str = "step"
     id_columns: tuple[str, ...] = ("uid", "sample_index", "index")
