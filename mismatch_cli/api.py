@@ -21,7 +21,7 @@ QUALITY_KEYS = (
 )
 QUALITY_WARNINGS = {
     "nonfinite_tokens": "valid tokens with a NaN or infinite log-prob were excluded from every metric",
-    "sentinel_tokens": "valid tokens with a sentinel log-prob (<= -1e4, e.g. -9999) were excluded",
+    "sentinel_tokens": "valid tokens with a sentinel log-prob (<= -9000, e.g. -9999 or -1e4) were excluded",
     "positive_logprob_tokens": "valid tokens have a log-prob > 0 (kept; a probability above 1 is a dump bug)",
     "one_side_zero_tokens": "valid tokens have a log-prob of exactly 0.0 on one side only "
     "(kept; often a missing log-prob filled with 0)",
@@ -47,7 +47,8 @@ def analyze(
     with ThreadPoolExecutor(max_workers=1) as pool:
         # Hash in the background: hashlib releases the GIL, so this overlaps with decoding.
         hashes = {f.path: pool.submit(sha256_file, f.path) for f in files} if hash_inputs else {}
-        result = run(iter_batches(files, read_options), resolved, device=device, dtype=dtype, by_step=by_step)
+        result = run(iter_batches(files, read_options), resolved, device=device, dtype=dtype, by_step=by_step,
+                     source_names=tuple(f.path for f in files))
         digests = {path: future.result() for path, future in hashes.items()}
     return build_report(files, digests, result, correction, resolved, by_step)
 

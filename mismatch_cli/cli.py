@@ -180,10 +180,18 @@ def _load_config_table(path: Path | None) -> dict[str, Any]:
     return dict(table)
 
 
+def _check_writable_dir(directory: Path, flag: str) -> None:
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"{flag} {directory} exists and is not a directory", hint=f"pass a directory to {flag}")
+
+
 def _write_atomic(path: Path, text: str) -> None:
     """Write a file so that a reader never sees it half-written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}", hint="choose a writable output path") from None
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
@@ -233,7 +241,13 @@ def _correction(
 
     table = _load_config_table(config_file)
     preset = preset or table.pop("preset", None)
-    table.pop("semantics", None)
+    semantics = table.pop("semantics", "verl")
+    if semantics != "verl":
+        raise UsageError(
+            f"{config_file}: semantics '{semantics}' is not supported by this version (only 'verl', i.e. verl "
+            "0.7.1 and later)",
+            hint="remove `semantics` from the [correction] table or set it to \"verl\"",
+        )
     overrides: dict[str, Any] = dict(table)
     if is_level is not None:
         overrides["rollout_is"] = None if is_level is IsLevel.none else is_level.value
@@ -283,6 +297,10 @@ def analyze(
 
     correction = _correction(config, preset, is_level, is_threshold, is_batch_normalize, rs, rs_threshold,
                              k1_bounds)
+    if out_dir is not None:
+        _check_writable_dir(out_dir, "--out-dir")
+    if output is not None and output != "-" and Path(output).is_dir():
+        raise UsageError(f"-o {output} is a directory", hint="give a file name, or use --out-dir for a directory")
     read_options = ReadOptions(columns=_parse_columns(column), no_mask=no_mask)
     report = run_analysis(
         inputs,

@@ -185,7 +185,10 @@ def parse_rs_options(rollout_rs: Any) -> list[str]:
 
 def _legacy_hint(option: str) -> str:
     if option in ("token", "sequence", "geometric"):
-        return f"'{option}' is the verl <= 0.7.0 API; use --semantics verl-0.7.0 or a k1/k2/k3 option"
+        return (
+            f"'{option}' is the verl <= 0.7.0 RS API, removed in verl 0.7.1; use seq_mean_k1 (geometric), "
+            "seq_sum_k1 (sequence) or token_k1 (token)"
+        )
     return "see `mismatch presets` for valid configurations"
 
 
@@ -358,7 +361,7 @@ def get_preset(name: str) -> Preset:
     if name not in PRESETS:
         raise ConfigError(
             f"unknown preset '{name}'",
-            hint="run `mismatch presets` for the 19 verl presets (older names need --semantics)",
+            hint="run `mismatch presets` for the 19 verl presets",
         )
     return PRESETS[name]
 

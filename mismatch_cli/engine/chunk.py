@@ -14,7 +14,9 @@ from mismatch_cli.batch import Batch
 from mismatch_cli.config import SAFETY_BOUND
 from mismatch_cli.engine.state import F64
 
-SENTINEL_LOGPROB = -1e4
+# Fill values such as -9999 (or -1e4, finfo.min) are no log-prob of a sampled token; -9000 also
+# catches -9999 after bf16 rounding (-9984).
+SENTINEL_LOGPROB = -9000.0
 MAX_CHUNK_POSITIONS = 1 << 20  # bounds every per-token temporary to a few MB
 
 

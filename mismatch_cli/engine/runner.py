@@ -95,6 +95,7 @@ def run(
     dtype: str = "float32",
     by_step: bool = False,
     threads: int | None = 1,
+    source_names: tuple[str, ...] = (),
 ) -> EngineResult:
     """Stream batches through the accumulators; raise when the input as a whole has no valid token."""
     if dtype not in DTYPES:
@@ -119,7 +120,10 @@ def run(
                 accumulator = per_step.setdefault(step, BatchAccumulator(correction, torch_device))
                 accumulator.update(chunk if part is batch else make_chunk(part, torch_device, compute_dtype))
     if not any_rows:
-        raise DataError("the input has no rows", hint="check that the dump files are not empty")
+        raise DataError(
+            f"the input has no rows ({', '.join(source_names) or 'no file'})",
+            hint="check that the dump files are not empty",
+        )
     result = overall.compute()
     if result.valid_tokens == 0:
         raise DataError(
