@@ -36,6 +36,7 @@ def analyze(
     dtype: str = "float32",
     by_step: bool = False,
     hash_inputs: bool = True,
+    rounds: bool = True,
 ) -> Report:
     """Read dumps, run verl's rollout correction over them as one batch, and build the report."""
     from mismatch_cli.engine.runner import run  # torch is imported only when analysis really runs
@@ -48,7 +49,7 @@ def analyze(
         # Hash in the background: hashlib releases the GIL, so this overlaps with decoding.
         hashes = {f.path: pool.submit(sha256_file, f.path) for f in files} if hash_inputs else {}
         result = run(iter_batches(files, read_options), resolved, device=device, dtype=dtype, by_step=by_step,
-                     source_names=tuple(f.path for f in files))
+                     source_names=tuple(f.path for f in files), rounds=rounds)
         digests = {path: future.result() for path, future in hashes.items()}
     return build_report(files, digests, result, correction, resolved, by_step)
 
@@ -91,6 +92,7 @@ def build_report(
             "step": step,
             "valid_tokens": batch.valid_tokens,
             "metrics": batch.metrics,
+            "rounds": batch.rounds,
             "notes": batch.notes,
         }
         for step, batch in result.steps.items()
@@ -103,6 +105,8 @@ def build_report(
         metrics=result.overall.metrics,
         summary=summarize(result.overall.metrics),
         steps=steps,
+        rounds=result.overall.rounds,
+        rounds_from_end=result.overall.rounds_from_end,
         data_quality=data_quality,
         warnings=warnings,
     )

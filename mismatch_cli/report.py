@@ -38,6 +38,7 @@ class Report:
     summary: dict[str, Any] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
     rounds: list[dict[str, Any]] = field(default_factory=list)
+    rounds_from_end: list[dict[str, Any]] = field(default_factory=list)
     quantiles: dict[str, Any] = field(default_factory=dict)
     histograms: dict[str, Any] = field(default_factory=dict)
     worst_sequences: list[dict[str, Any]] = field(default_factory=list)

@@ -13,6 +13,7 @@ from mismatch_cli.engine.diagnostics import DiagnosticsAccumulator
 from mismatch_cli.engine.importance import ImportanceAccumulator
 from mismatch_cli.engine.offpolicy import OFFPOLICY_KEYS, OffPolicyAccumulator
 from mismatch_cli.engine.rejection import RejectionAccumulator
+from mismatch_cli.engine.rounds import RoundsAccumulator
 
 VERL_PREFIX = "rollout_corr/"
 DIAG_PREFIX = "diag/"
@@ -24,6 +25,8 @@ class BatchResult:
 
     metrics: dict[str, float | None]
     valid_tokens: int
+    rounds: list[dict] = field(default_factory=list)
+    rounds_from_end: list[dict] = field(default_factory=list)
     icepop_rejects_all: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -35,7 +38,7 @@ def _finite_or_none(value: float) -> float | None:
 class BatchAccumulator:
     """Everything computed for one batch (the whole dump, or one step): mergeable, fixed size."""
 
-    def __init__(self, correction: ResolvedCorrection, device: torch.device) -> None:
+    def __init__(self, correction: ResolvedCorrection, device: torch.device, rounds: bool = True) -> None:
         self.correction = correction
         self.offpolicy = OffPolicyAccumulator(device)
         self.diagnostics = DiagnosticsAccumulator(device)
@@ -51,6 +54,7 @@ class BatchAccumulator:
             if correction.rs_options
             else None
         )
+        self.rounds = RoundsAccumulator(device) if rounds else None
 
     def update(self, chunk: Chunk) -> None:
         """Fold one chunk of whole sequences into every family's state."""
@@ -60,6 +64,8 @@ class BatchAccumulator:
             self.importance.update(chunk)
         if self.rejection is not None:
             self.rejection.update(chunk)
+        if self.rounds is not None:
+            self.rounds.update(chunk)  # last: it reads the IS weights and RS decisions of this chunk
 
     def merge(self, other: BatchAccumulator) -> None:
         """Fold the state of another shard of the same batch into this one."""
@@ -69,6 +75,8 @@ class BatchAccumulator:
             self.importance.merge(other.importance)
         if self.rejection is not None and other.rejection is not None:
             self.rejection.merge(other.rejection)
+        if self.rounds is not None and other.rounds is not None:
+            self.rounds.merge(other.rounds)
 
     @property
     def valid_tokens(self) -> int:
@@ -105,6 +113,10 @@ class BatchAccumulator:
             result.metrics[VERL_PREFIX + key] = _finite_or_none(verl[key])
         for key, value in diag.items():
             result.metrics[DIAG_PREFIX + key] = _finite_or_none(value)
+        if self.rounds is not None:
+            result.metrics[DIAG_PREFIX + "rounds"] = float(self.rounds.total_rounds)
+            round_metrics, result.rounds, result.rounds_from_end = self.rounds.compute()
+            result.metrics.update(round_metrics)
         overflowed = sorted(k for k, v in verl.items() if not math.isfinite(v))
         if overflowed:
             result.notes.append(f"{', '.join(overflowed)} overflowed (reported as null)")

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from mismatch_cli.batch import Batch
 from mismatch_cli.config import SAFETY_BOUND
+from mismatch_cli.engine.ops import segment_sum
 from mismatch_cli.engine.state import F64
+
+if TYPE_CHECKING:
+    from mismatch_cli.engine.rounds import Runs
 
 # Fill values such as -9999 (or -1e4, finfo.min) are no log-prob of a sampled token; -9000 also
 # catches -9999 after bf16 rounding (-9984).
@@ -32,6 +37,18 @@ class Chunk:
     rollout: torch.Tensor  # [N_valid]
     lengths: torch.Tensor  # [B] int64 valid tokens per row
     quality: dict[str, int]
+    position_mask: np.ndarray | None = None  # [P] the response mask over every position
+    offsets: np.ndarray | None = None  # [B+1] row offsets over positions
+    keep: np.ndarray | None = None  # [P] valid positions (mask and finite), None when equal to the mask
+    extras: dict[str, Any] = field(default_factory=dict)  # per-token / per-row results shared by families
+
+    @cached_property
+    def runs(self) -> Runs:
+        """The chunk's rounds (maximal runs of 1s in each row's mask)."""
+        from mismatch_cli.engine.rounds import find_runs
+
+        assert self.position_mask is not None and self.offsets is not None
+        return find_runs(self.position_mask, self.offsets, self.keep)
 
     @property
     def num_rows(self) -> int:
@@ -52,6 +69,21 @@ class Chunk:
     def ratio(self) -> torch.Tensor:
         """Unclamped token ratio exp(old - rollout) (may overflow to inf, as in verl's k3_kl)."""
         return torch.exp(self.log_ratio)
+
+    @cached_property
+    def abs_log_ratio(self) -> torch.Tensor:
+        """|old - rollout| per token."""
+        return self.log_ratio.abs()
+
+    @cached_property
+    def k3(self) -> torch.Tensor:
+        """Per-token k3 estimator exp(d) - d - 1 with the unclamped d, as verl's `k3_kl` uses it."""
+        return self.ratio - self.log_ratio - 1
+
+    @cached_property
+    def ratio_safe_sq(self) -> torch.Tensor:
+        """Square of the safety-clamped ratio (verl's chi2_token summand)."""
+        return self.ratio_safe.square()
 
     @cached_property
     def log_ratio_safe(self) -> torch.Tensor:
@@ -88,7 +120,7 @@ class Chunk:
         """Per-row float64 sum of per-token values (0 for an empty row)."""
         if self.num_rows == 0:
             return torch.zeros(0, dtype=F64, device=values.device)
-        return torch.segment_reduce(values.to(F64), "sum", lengths=self.lengths, unsafe=True)
+        return segment_sum(values.to(F64), self.lengths)
 
     def row_mean(self, values: torch.Tensor) -> torch.Tensor:
         """verl's masked_mean along a row: sum / (count + 1e-8); 0 for an empty row."""
@@ -165,7 +197,8 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype) -> Chunk:
     """Select the valid tokens of a batch and move them to the device in the compute dtype."""
     mask = batch.response_mask.astype(bool, copy=False)
     keep, counts = quality_counts(batch.old_log_probs, batch.rollout_log_probs, mask)
-    if keep.all():
+    all_kept = bool(keep.all())
+    if all_kept:
         old_np, rollout_np = batch.old_log_probs, batch.rollout_log_probs
         lengths = np.diff(batch.offsets)
     else:
@@ -177,6 +210,9 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype) -> Chunk:
         rollout=_tensor(rollout_np, device, dtype),
         lengths=_tensor(lengths.astype(np.int64, copy=False), device),
         quality=counts,
+        position_mask=mask,
+        offsets=batch.offsets,
+        keep=None if all_kept or np.array_equal(keep, mask) else keep,
     )
 
 

@@ -20,7 +20,7 @@ class DiagnosticsAccumulator:
         """Fold one chunk of whole sequences into the state."""
         s = self.state
         log_ratio = chunk.log_ratio
-        abs_log_ratio = log_ratio.abs()
+        abs_log_ratio = chunk.abs_log_ratio
         ratio = chunk.ratio_safe
         s.add("tokens", float(chunk.num_tokens))
         s.add("rows", float(chunk.num_rows))
@@ -30,7 +30,7 @@ class DiagnosticsAccumulator:
         s.add("negative", (log_ratio < 0).sum())
         s.add("sum_exp_abs", torch.exp(abs_log_ratio).sum())
         s.add("sum_ratio", ratio.sum())
-        s.add("sum_ratio_sq", ratio.square().sum())
+        s.add("sum_ratio_sq", chunk.ratio_safe_sq.sum())
         if chunk.num_tokens:
             s.max("max_abs", abs_log_ratio.max())
         for name in ("nonfinite_tokens", "sentinel_tokens"):

@@ -45,6 +45,7 @@ class ImportanceAccumulator:
         lower_metric = self.threshold.metric_lower
         raw = chunk.ratio_safe
         weight = self._apply(raw)
+        chunk.extras["is_token_weight"] = weight
         s.add("tokens", float(chunk.num_tokens))
         s.add("sum_w", weight.sum())
         # verl clamps to [0, U] before std / ESS; applied weights already lie there.
@@ -65,6 +66,7 @@ class ImportanceAccumulator:
         log_sum = chunk.log_ratio_row_sum
         raw = torch.exp(log_sum.clamp(-SAFETY_BOUND, SAFETY_BOUND))
         weight = self._apply(raw)
+        chunk.extras["is_row_weight"] = weight
         tokens = chunk.row_tokens
         s.add("tokens", float(chunk.num_tokens))
         s.add("sum_w", (weight * tokens).sum())

@@ -38,10 +38,10 @@ class OffPolicyAccumulator:
         s.add("tokens", float(chunk.num_tokens))
         s.add("rows", float(chunk.num_rows))
         # kl is MM(rollout - old): the k1 estimate of KL(pi_rollout || pi_train), unclamped.
-        s.add("sum_neg_log_ratio", (chunk.rollout - chunk.old).sum())
+        s.add("sum_neg_log_ratio", -log_ratio.sum())  # rollout - old == -(old - rollout) exactly
         # k3 uses the unclamped ratio, so a huge log-ratio overflows to inf exactly as in verl.
-        s.add("sum_k3", (chunk.ratio - log_ratio - 1).sum())
-        s.add("sum_rho_sq", chunk.ratio_safe.square().sum())
+        s.add("sum_k3", chunk.k3.sum())
+        s.add("sum_rho_sq", chunk.ratio_safe_sq.sum())
         train_mean = chunk.row_mean(chunk.old)
         rollout_mean = chunk.row_mean(chunk.rollout)
         log_ppl_diff = rollout_mean - train_mean

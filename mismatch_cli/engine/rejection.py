@@ -113,6 +113,9 @@ class RejectionAccumulator:
             chunk.row_count(token_reject) if token_reject is not None else torch.zeros_like(chunk.row_tokens)
         )
         lost = torch.where(row_reject_any, chunk.row_tokens, tokens_rejected_in_row)
+        chunk.extras["rs_row_reject"] = row_reject_any
+        if token_reject is not None:
+            chunk.extras["rs_token_reject"] = token_reject
         s.add("rejected_tokens", lost.sum())
         s.add("rejected_rows", (valid & (lost > 0)).sum())
 

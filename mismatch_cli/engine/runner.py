@@ -96,6 +96,7 @@ def run(
     by_step: bool = False,
     threads: int | None = 1,
     source_names: tuple[str, ...] = (),
+    rounds: bool = True,
 ) -> EngineResult:
     """Stream batches through the accumulators; raise when the input as a whole has no valid token."""
     if dtype not in DTYPES:
@@ -103,7 +104,7 @@ def run(
     torch_device = resolve_device(device)
     if threads:
         torch.set_num_threads(threads)
-    overall = BatchAccumulator(correction, torch_device)
+    overall = BatchAccumulator(correction, torch_device, rounds)
     per_step: dict[int, BatchAccumulator] = {}
     sources: dict[str, SourceStats] = {}
     compute_dtype = DTYPES[dtype]
@@ -117,7 +118,7 @@ def run(
         sources.setdefault(batch.source, SourceStats()).add(batch.num_rows, chunk.quality)
         if by_step and batch.steps is not None:
             for step, part in _split_by_step(batch):
-                accumulator = per_step.setdefault(step, BatchAccumulator(correction, torch_device))
+                accumulator = per_step.setdefault(step, BatchAccumulator(correction, torch_device, rounds))
                 accumulator.update(chunk if part is batch else make_chunk(part, torch_device, compute_dtype))
     if not any_rows:
         raise DataError(

@@ -20,6 +20,8 @@ def render_markdown(report: Report) -> str:
         for row in section.rows:
             lines.append("| " + " | ".join(_escape(cell) for cell in row) + " |")
         lines.append("")
+        if section.note:
+            lines += [_escape(section.note), ""]
     if report.warnings:
         lines += ["## Warnings", ""] + [f"- {_escape(w)}" for w in report.warnings] + [""]
     return "\n".join(lines)

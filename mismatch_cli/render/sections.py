@@ -20,6 +20,7 @@ class Section:
     rows: list[list[str]]
     highlight: set[int] = field(default_factory=set)
     note: str | None = None
+    split_columns: bool = False  # terminal may split a wide table into column blocks
 
 
 def format_value(value: float | int | None, digits: int = 6) -> str:
@@ -127,6 +128,58 @@ def steps_section(report: Report) -> Section | None:
     return Section("Per step", ["step", *[label for label, _ in present]], rows)
 
 
+ROUND_METRICS = (
+    ("rows reaching", "rows"),
+    ("tokens", "tokens"),
+    ("mean |d|", "abs_diff_mean"),
+    ("p99 |d|", "abs_diff_p99"),
+    ("kl (k1)", "kl"),
+    ("k3_kl", "k3_kl"),
+    ("chi2_token", "chi2_token"),
+    ("ratio mean", "ratio_mean"),
+    ("IS weight mean", "is_weight_mean"),
+    ("RS masked", "rs_masked_fraction"),
+    ("catastrophic", "catastrophic_fraction"),
+    ("share of sum |d|", "abs_diff_share"),
+)
+
+
+def _round_table(title: str, label: str, prefix: str, entries: list[dict]) -> Section | None:
+    # One column per round (metrics as rows) keeps the table readable in 80 columns.
+    if len(entries) < 2:
+        return None  # a single-turn dump: the round table repeats the overall numbers
+    present = [(h, k) for h, k in ROUND_METRICS if any(k in e for e in entries)]
+    rows = [[h, *[format_value(e.get(k), digits=4) for e in entries]] for h, k in present]
+    means = [e.get("abs_diff_mean") for e in entries]
+    worst = max((i for i, v in enumerate(means) if v is not None), key=lambda i: means[i], default=None)
+    columns = [label, *[f"{prefix}{e[label]}" + (" *" if i == worst else "") for i, e in enumerate(entries)]]
+    note = None if worst is None else f"* worst round by mean |d| ({prefix}{entries[worst][label]})"
+    return Section(title, columns, rows, note=note, split_columns=True)
+
+
+def rounds_section(report: Report) -> Section | None:
+    """Per-round divergence (round k = k-th run of 1s in the mask); the worst round highlighted."""
+    return _round_table("Rounds (round k = k-th run of 1s in the mask)", "round", "r", report.rounds)
+
+
+def rounds_from_end_section(report: Report) -> Section | None:
+    """The same table indexed from the last round of each trajectory."""
+    return _round_table("Rounds from the end (last = the row's last round)", "round_from_end", "last-",
+                        report.rounds_from_end)
+
+
+def rounds_by_step_section(report: Report) -> Section | None:
+    """Mean |delta| per step and round."""
+    if not report.steps or max((len(s.get("rounds", [])) for s in report.steps), default=0) < 2:
+        return None
+    count = max(len(s["rounds"]) for s in report.steps)
+    rows = []
+    for step in report.steps:
+        means = [r["abs_diff_mean"] for r in step["rounds"]] + [None] * (count - len(step["rounds"]))
+        rows.append([str(step["step"]), *[format_value(v, digits=3) if v is not None else "" for v in means]])
+    return Section("Mean |d| by step and round", ["step", *[f"r{k}" for k in range(count)]], rows)
+
+
 def inputs_section(report: Report) -> Section:
     """What was read."""
     rows = [[item.path, item.format, format_value(item.sequences), format_value(item.tokens)]
@@ -156,7 +209,10 @@ def build_sections(report: Report) -> list[Section]:
         importance_section(report),
         rejection_section(report),
         diagnostics_section(report),
+        rounds_section(report),
+        rounds_from_end_section(report),
         steps_section(report),
+        rounds_by_step_section(report),
         quality_section(report),
         inputs_section(report),
     ]

@@ -22,10 +22,34 @@ def _table(section: Section) -> Table:
     return table
 
 
+def _column_blocks(section: Section, width: int) -> list[Section]:
+    if not section.split_columns:
+        return [section]
+    label_width = max(len(r[0]) for r in section.rows) + 2
+    per_block = max(1, (width - label_width) // 11)
+    values = len(section.columns) - 1
+    if values <= per_block:
+        return [section]
+    blocks = []
+    for start in range(1, values + 1, per_block):
+        stop = min(start + per_block, values + 1)
+        blocks.append(Section(
+            section.title if start == 1 else f"{section.title} (continued)",
+            [section.columns[0], *section.columns[start:stop]],
+            [[row[0], *row[start:stop]] for row in section.rows],
+            section.highlight,
+        ))
+    blocks[-1].note = section.note
+    return blocks
+
+
 def render_tables(report: Report, console: Console) -> None:
     """Print every section of the report, then its warnings."""
     for section in build_sections(report):
-        console.print(_table(section))
-        console.print()
+        for block in _column_blocks(section, console.width):
+            console.print(_table(block))
+            if block.note:
+                console.print(block.note, highlight=False)
+            console.print()
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)

@@ -1,0 +1,38 @@
+"""Segment primitives over flat token arrays: numpy on the CPU (several times faster there), torch elsewhere."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def segment_sum(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Sums of consecutive segments of `values` with the given lengths (0 for an empty segment)."""
+    if values.device.type != "cpu":
+        return torch.segment_reduce(values, "sum", lengths=lengths, unsafe=True)
+    # reduceat needs strictly increasing starts, so empty segments are left out and stay 0.
+    counts = lengths.numpy()
+    out = np.zeros(counts.size, dtype=values.numpy().dtype)
+    nonempty = counts > 0
+    if nonempty.any():
+        starts = np.concatenate(([0], np.cumsum(counts[:-1])))[nonempty]
+        out[nonempty] = np.add.reduceat(values.numpy(), starts)
+    return torch.from_numpy(out)
+
+
+def repeat_segments(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Each segment's value repeated over its tokens (int32)."""
+    if values.device.type != "cpu":
+        return torch.repeat_interleave(values.to(torch.int32), lengths)
+    return torch.from_numpy(np.repeat(values.numpy().astype(np.int32), lengths.numpy()))
+
+
+def count_in_segments(flags: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """How many flagged tokens each segment holds, for flags that are rare (float64)."""
+    if flags.device.type != "cpu":
+        positions = torch.nonzero(flags).flatten()
+        segment = torch.searchsorted(torch.cumsum(lengths, 0), positions, right=True)
+        return torch.bincount(segment, minlength=lengths.numel()).to(torch.float64)
+    positions = np.flatnonzero(flags.numpy())
+    segment = np.searchsorted(np.cumsum(lengths.numpy()), positions, side="right")
+    return torch.from_numpy(np.bincount(segment, minlength=lengths.numel()).astype(np.float64))

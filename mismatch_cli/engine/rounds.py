@@ -1,0 +1,227 @@
+"""Multi-turn rounds: round k of a row is its k-th maximal run of 1s in the response mask.
+
+Segmentation works on whole chunks with vectorized numpy (run starts and ends from shifted
+masks, rows and round indices from searchsorted over the offsets), so no loop over rows or
+tokens; every per-round statistic is a mergeable sum, count or sketch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.ops import count_in_segments, repeat_segments, segment_sum
+from mismatch_cli.engine.sketch import LogSketch
+from mismatch_cli.engine.state import F64
+
+CATASTROPHIC_LOG_RATIO = math.log(1e4)  # a token ratio outside [1e-4, 1e4]
+P99 = 0.99
+
+
+@dataclass(frozen=True)
+class Runs:
+    """The maximal runs of 1s of a chunk's mask: where they are and which round each one is."""
+
+    row: np.ndarray  # [G] row index within the chunk
+    index: np.ndarray  # [G] round index within its row (0-based)
+    index_from_end: np.ndarray  # [G] 0 = the row's last round
+    valid_tokens: np.ndarray  # [G] valid tokens in the run (mask 1 and finite)
+    rounds_per_row: np.ndarray  # [B]
+
+
+def find_runs(mask: np.ndarray, offsets: np.ndarray, keep: np.ndarray | None = None) -> Runs:
+    """Segment each row's mask into runs of 1s; `keep` (valid tokens) defaults to the mask itself."""
+    positions = mask.size
+    row_starts, row_ends = offsets[:-1], offsets[1:]
+    nonempty = row_ends > row_starts
+    previous = np.zeros(positions, dtype=bool)
+    previous[1:] = mask[:-1]
+    previous[row_starts[nonempty]] = False  # a run never continues across a row boundary
+    following = np.zeros(positions, dtype=bool)
+    following[:-1] = mask[1:]
+    following[row_ends[nonempty] - 1] = False
+    starts = np.flatnonzero(mask & ~previous)
+    ends = np.flatnonzero(mask & ~following)
+    row = np.searchsorted(offsets, starts, side="right") - 1
+    first_run = np.searchsorted(starts, row_starts, side="left")
+    rounds_per_row = np.searchsorted(starts, row_ends, side="left") - first_run
+    index = np.arange(starts.size, dtype=np.int64) - first_run[row]
+    if keep is None or keep is mask:
+        valid_tokens = ends - starts + 1
+    else:
+        kept_before = np.concatenate(([0], np.cumsum(keep, dtype=np.int64)))
+        valid_tokens = kept_before[ends + 1] - kept_before[starts]
+    return Runs(
+        row=row.astype(np.int64),
+        index=index,
+        index_from_end=rounds_per_row[row] - 1 - index,
+        valid_tokens=valid_tokens.astype(np.int64),
+        rounds_per_row=rounds_per_row.astype(np.int64),
+    )
+
+
+# Per-round sums kept in the state, in this column order.
+FEATURES = ("tokens", "abs_sum", "neg_log_ratio_sum", "k3_sum", "rho_sq_sum", "ratio_sum", "catastrophic",
+            "is_weight_sum", "rs_rejected")
+
+
+class RoundTable:
+    """Sums per round index, growing with the largest round index seen."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.sums = torch.zeros((0, len(FEATURES)), dtype=F64, device=device)
+        self.rows = torch.zeros(0, dtype=F64, device=device)
+        self.sketch = LogSketch(device)
+
+    def _grow(self, size: int) -> None:
+        if size > self.sums.shape[0]:
+            pad = size - self.sums.shape[0]
+            self.sums = torch.cat([self.sums, self.sums.new_zeros((pad, self.sums.shape[1]))])
+            self.rows = torch.cat([self.rows, self.rows.new_zeros(pad)])
+
+    def add(self, index: torch.Tensor, run_sums: torch.Tensor, token_index: torch.Tensor,
+            buckets: torch.Tensor) -> None:
+        """Fold per-run sums into their rounds and per-token |delta| buckets into the round sketches."""
+        if index.numel() == 0:
+            return
+        size = int(index.max().item()) + 1
+        self._grow(size)
+        self.sums.index_add_(0, index, run_sums)
+        self.rows[:size] += torch.bincount(index, minlength=size).to(F64)
+        self.sketch.add_buckets(buckets, token_index, size)
+
+    def merge(self, other: RoundTable) -> None:
+        """Add another table's sums."""
+        self._grow(other.sums.shape[0])
+        size = other.sums.shape[0]
+        self.sums[:size] += other.sums.to(self.sums.device)
+        self.rows[:size] += other.rows.to(self.rows.device)
+        self.sketch.merge(other.sketch)
+
+    def compute(self, total_abs: float, has_is: bool, has_rs: bool, label: str) -> list[dict[str, float | None]]:
+        """One mapping per round index; means are null for a round with no valid token."""
+        sums = self.sums.cpu().tolist()
+        rows = self.rows.cpu().tolist()
+        table = []
+        for k, (row_sums, reached) in enumerate(zip(sums, rows, strict=True)):
+            f = dict(zip(FEATURES, row_sums, strict=True))
+            tokens = f["tokens"]
+
+            def mean(name: str, f: dict = f, tokens: float = tokens) -> float | None:
+                return f[name] / tokens if tokens else None
+
+            entry: dict[str, float | None] = {
+                label: k,
+                "rows": reached,
+                "tokens": tokens,
+                "abs_diff_mean": mean("abs_sum"),
+                "abs_diff_p99": self.sketch.quantiles([P99], k)[0],
+                "kl": mean("neg_log_ratio_sum"),
+                "k3_kl": mean("k3_sum"),
+                "chi2_token": None if not tokens else f["rho_sq_sum"] / tokens - 1.0,
+                "ratio_mean": mean("ratio_sum"),
+                "catastrophic_fraction": mean("catastrophic"),
+                "abs_diff_share": f["abs_sum"] / total_abs if total_abs > 0 else None,
+            }
+            if has_is:
+                entry["is_weight_mean"] = mean("is_weight_sum")
+            if has_rs:
+                entry["rs_masked_fraction"] = mean("rs_rejected")
+            table.append(entry)
+        return table
+
+
+class RoundsAccumulator:
+    """Per-round divergence from the start and from the end of each trajectory."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.from_start = RoundTable(device)
+        self.from_end = RoundTable(device)
+        self.total_rounds = 0
+        self.max_rounds = 0
+        self.has_is = False
+        self.has_rs = False
+
+    def update(self, chunk: Chunk) -> None:
+        """Segment the chunk into rounds and fold its per-round sums in (after IS / RS have run)."""
+        runs = chunk.runs
+        if runs.row.size == 0:
+            return
+        device = chunk.old.device
+        run_tokens = torch.from_numpy(runs.valid_tokens).to(device)
+        run_tokens_f = run_tokens.to(F64)
+        run_row = torch.from_numpy(runs.row).to(device)
+
+        def run_sum(values: torch.Tensor) -> torch.Tensor:
+            # Runs are contiguous in the valid-token arrays, so a segment sum per run suffices.
+            return segment_sum(values, run_tokens).to(F64)
+
+        log_ratio_sum = run_sum(chunk.log_ratio)
+        columns = [
+            run_tokens_f,
+            run_sum(chunk.abs_log_ratio),
+            -log_ratio_sum,
+            run_sum(chunk.k3),
+            run_sum(chunk.ratio_safe_sq),
+            run_sum(chunk.ratio_safe),
+            count_in_segments(chunk.abs_log_ratio > CATASTROPHIC_LOG_RATIO, run_tokens),
+        ]
+        zeros = torch.zeros_like(run_tokens_f)
+        weight = chunk.extras.get("is_token_weight")
+        if weight is not None:
+            columns.append(run_sum(weight))
+        elif "is_row_weight" in chunk.extras:
+            columns.append(chunk.extras["is_row_weight"][run_row] * run_tokens_f)
+        else:
+            columns.append(zeros)
+        self.has_is |= weight is not None or "is_row_weight" in chunk.extras
+        if "rs_row_reject" in chunk.extras:
+            self.has_rs = True
+            token_reject = chunk.extras.get("rs_token_reject")
+            from_tokens = run_sum(token_reject.to(chunk.old.dtype)) if token_reject is not None else zeros
+            columns.append(torch.where(chunk.extras["rs_row_reject"][run_row], run_tokens_f, from_tokens))
+        else:
+            columns.append(zeros)
+        table = torch.stack(columns, dim=1)
+        index = torch.from_numpy(runs.index).to(device)
+        index_from_end = torch.from_numpy(runs.index_from_end).to(device)
+        buckets = self.from_start.sketch.buckets(chunk.abs_log_ratio)
+        # One repeat to tokens carries both indices, packed as (from-start << bits) | from-end.
+        bits = max(int(runs.rounds_per_row.max()), 1).bit_length()
+        token_code = repeat_segments((index << bits) | index_from_end, run_tokens)
+        self.from_start.add(index, table, token_code >> bits, buckets)
+        self.from_end.add(index_from_end, table, token_code & ((1 << bits) - 1), buckets)
+        self.total_rounds += int(runs.row.size)
+        self.max_rounds = max(self.max_rounds, int(runs.rounds_per_row.max()))
+
+    def merge(self, other: RoundsAccumulator) -> None:
+        """Fold another shard's rounds in."""
+        self.from_start.merge(other.from_start)
+        self.from_end.merge(other.from_end)
+        self.total_rounds += other.total_rounds
+        self.max_rounds = max(self.max_rounds, other.max_rounds)
+        self.has_is |= other.has_is
+        self.has_rs |= other.has_rs
+
+    def compute(self) -> tuple[dict[str, float | None], list[dict], list[dict]]:
+        """verl PR #5229's `per_round/` keys, the per-round table, and the table indexed from the end."""
+        total_abs = float(self.from_start.sums[:, 1].sum().item()) if self.from_start.sums.numel() else 0.0
+        rounds = self.from_start.compute(total_abs, self.has_is, self.has_rs, "round")
+        from_end = self.from_end.compute(total_abs, self.has_is, self.has_rs, "round_from_end")
+        metrics: dict[str, float | None] = {"per_round/total_rounds": float(self.max_rounds)}
+        best_k, best_value = -1, 0.0
+        for entry in rounds:
+            k = int(entry["round"])
+            metrics[f"per_round/round_{k}_abs_diff_mean"] = entry["abs_diff_mean"]
+            metrics[f"per_round/round_{k}_token_count"] = entry["tokens"]
+            value = entry["abs_diff_mean"]
+            if value is not None and (best_k < 0 or value > best_value):
+                best_k, best_value = k, value
+        metrics["per_round/max_round_diff"] = float(best_k)
+        metrics["per_round/max_diff_value"] = best_value
+        return metrics, rounds, from_end
