@@ -711,3 +711,19 @@ def test_documented_names_are_read_from_the_app():
     names = _documented_names()
     assert {"analyze", "presets", "synth", "--is-threshold", "--out-dir", "--tokens", "--format"} <= set(names)
 
+
+
+def test_multi_turn_sample_shows_rounds():
+    result = invoke("analyze", "sample_data/multi_turn.parquet", "--device", "cpu")
+    assert result.exit_code == 0 and isinstance(result.exception, (SystemExit, type(None)))
+    assert "Rounds (round k" in result.stdout and "Rounds from the end" in result.stdout
+    assert "worst round" in result.stdout
+    report = analyze_json("sample_data/multi_turn.parquet", "--dtype", "float64")
+    metrics = report["metrics"]
+    rounds = report["rounds"]
+    assert metrics["per_round/total_rounds"] == len(rounds) == len(report["rounds_from_end"]) >= 2
+    assert sum(r["tokens"] for r in rounds) == metrics["diag/valid_tokens"]
+    assert abs(sum(r["abs_diff_share"] for r in rounds) - 1.0) < 1e-9
+    best = max(range(len(rounds)), key=lambda k: rounds[k]["abs_diff_mean"])
+    assert metrics["per_round/max_round_diff"] == best
+    assert rounds[0]["rows"] >= rounds[-1]["rows"]
