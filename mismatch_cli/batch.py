@@ -18,6 +18,8 @@ class Batch:
     `offsets[i]:offsets[i+1]`. Padding, prompt and tool tokens are simply positions whose mask is
     False. `steps` is the training step per row (int64) or None when unknown. `source` names the
     file and `first_row` the index, within that file, of row 0 (for error messages and ids).
+    `groups` maps a column name (e.g. `env_name`) to one label per row (int64, or an object array
+    of str / None), for `--by COLUMN`.
     """
 
     old_log_probs: np.ndarray
@@ -29,6 +31,7 @@ class Batch:
     steps: np.ndarray | None = None
     sequence_ids: np.ndarray | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    groups: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def num_rows(self) -> int:
@@ -43,3 +46,43 @@ class Batch:
     def row_of_position(self, position: int) -> int:
         """Row index within the source file of the row holding flat position `position`."""
         return self.first_row + int(np.searchsorted(self.offsets, position, side="right") - 1)
+
+    def select_rows(self, rows: np.ndarray) -> Batch:
+        """A new batch of the rows where the bool array `rows` is True (positions follow their rows).
+
+        `first_row` keeps the first selected row's index in the file only when the rows are contiguous.
+        """
+        lengths = np.diff(self.offsets)
+        positions = np.repeat(rows, lengths)
+        sub_lengths = lengths[rows]
+        offsets = np.concatenate([[0], np.cumsum(sub_lengths)]).astype(np.int64)
+        picked = np.flatnonzero(rows)
+        first = self.first_row + (int(picked[0]) if len(picked) else 0)
+        return Batch(
+            old_log_probs=self.old_log_probs[positions],
+            rollout_log_probs=self.rollout_log_probs[positions],
+            response_mask=self.response_mask[positions],
+            offsets=offsets,
+            source=self.source,
+            first_row=first,
+            steps=None if self.steps is None else self.steps[rows],
+            sequence_ids=None if self.sequence_ids is None else self.sequence_ids[rows],
+            labels=self.labels,
+            groups={name: values[rows] for name, values in self.groups.items()},
+        )
+
+    def slice_rows(self, start: int, stop: int) -> Batch:
+        """Rows `start:stop` as views (no copy)."""
+        a, b = int(self.offsets[start]), int(self.offsets[stop])
+        return Batch(
+            old_log_probs=self.old_log_probs[a:b],
+            rollout_log_probs=self.rollout_log_probs[a:b],
+            response_mask=self.response_mask[a:b],
+            offsets=self.offsets[start : stop + 1] - a,
+            source=self.source,
+            first_row=self.first_row + start,
+            steps=None if self.steps is None else self.steps[start:stop],
+            sequence_ids=None if self.sequence_ids is None else self.sequence_ids[start:stop],
+            labels=self.labels,
+            groups={name: values[start:stop] for name, values in self.groups.items()},
+        )

@@ -1,44 +1,61 @@
 """Input readers: discover dump files and stream them as `Batch`es of whole sequences.
 
-The package never imports torch (CLI startup cost): numpy, pyarrow and safetensors' numpy API only.
+The package never imports torch (CLI startup cost): numpy, pyarrow and safetensors' numpy API only;
+the slime reader imports torch inside its function, when a `.pt` dump is really read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from ..batch import Batch
 from ..errors import InputError
 from .aliases import ROLE_ALIASES, check_options, resolve_roles
+from .detect import FORMAT_NAMES, detect_format
 from .discover import FORMATS, InputFile, discover_inputs, sha256_file
+from .nemo_rl import read_nemo_rl
 from .options import ReadOptions
 from .parquet import read_parquet
+from .prime_rl import read_prime_rl
 from .safetensors import read_safetensors
+from .slime import read_slime
 
 __all__ = [
     "FORMATS",
+    "FORMAT_NAMES",
+    "READERS",
     "ROLE_ALIASES",
     "InputFile",
     "ReadOptions",
+    "detect_format",
     "discover_inputs",
     "iter_batches",
+    "read_nemo_rl",
     "read_parquet",
+    "read_prime_rl",
     "read_safetensors",
+    "read_slime",
     "resolve_roles",
     "sha256_file",
 ]
+
+READERS: dict[str, Callable[[str, ReadOptions], Iterator[Batch]]] = {
+    "parquet": read_parquet,
+    "safetensors": read_safetensors,
+    "slime": read_slime,
+    "nemo-rl": read_nemo_rl,
+    "prime-rl": read_prime_rl,
+}
 
 
 def iter_batches(files: Sequence[InputFile], options: ReadOptions) -> Iterator[Batch]:
     """Stream every file's Batches, file after file, in input order."""
     check_options(options)
     for file in files:
-        if file.format == "parquet":
-            yield from read_parquet(file.path, options)
-        elif file.format == "safetensors":
-            yield from read_safetensors(file.path, options)
-        else:
+        reader = READERS.get(file.format)
+        if reader is None:
             raise InputError(
                 f"unknown input format {file.format!r} for {file.path}",
-                hint="use a .parquet or .safetensors file",
+                hint=f"use one of {', '.join(FORMAT_NAMES)} (--input-format)",
             )
+        yield from reader(file.path, options)

@@ -59,3 +59,53 @@ def mask_to_bool(
             "at the right column",
         )
     return values != 0
+
+
+def describe(name: str, role: str, noun: str = "column") -> str:
+    """`column 'NAME' (role)`, without repeating the role when the name is the role."""
+    return f"{noun} {name!r}" if name == role else f"{noun} {name!r} ({role})"
+
+
+def check_lengths(
+    offsets: dict[str, np.ndarray], names: dict[str, str], source: str, first_row: int, noun: str = "column"
+) -> None:
+    """InputError naming the first row whose roles hold different numbers of tokens."""
+    roles = list(offsets)
+    reference = roles[0]
+    for other in roles[1:]:
+        if np.array_equal(offsets[reference], offsets[other]):
+            continue
+        ref_len, other_len = np.diff(offsets[reference]), np.diff(offsets[other])
+        row = int(np.argmax(ref_len != other_len))
+        raise InputError(
+            f"expected equal lengths in {source} row {first_row + row}, got {int(ref_len[row])} tokens in "
+            f"{describe(names[reference], reference, noun)} and {int(other_len[row])} in "
+            f"{describe(names[other], other, noun)}",
+            hint="every role must hold one value per token of the same response; check the columns "
+            "chosen with --column",
+        )
+
+
+def missing_group(column: str, source: str, available: list[str], noun: str = "column") -> InputError:
+    """The error for a `--by COLUMN` that the file does not have."""
+    from .aliases import format_available
+
+    return InputError(
+        f"no {noun} {column!r} (asked for by --by {column}) in {source}; available {noun}s: "
+        f"{format_available(available)}",
+        hint=f"group by one of the available {noun}s, or drop --by {column}",
+    )
+
+
+def group_labels(values: np.ndarray) -> np.ndarray:
+    """Per-row group labels: integers as int64, everything else as an object array of str or None."""
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64, copy=False)
+    if values.dtype.kind == "b":
+        return values.astype(np.int64)
+    if values.dtype.kind == "O":
+        return values
+    out = values.astype(str).astype(object)
+    if values.dtype.kind == "f":
+        out[np.isnan(values)] = None
+    return out

@@ -5,80 +5,164 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import InputError, UsageError
+from .detect import (
+    FORCED_EXTENSIONS,
+    NEMO_NAME,
+    PRIME_NAME,
+    check_format,
+    detect_format,
+    first_record,
+    json_flavor,
+    prime_notes,
+    slime_kind,
+    sniff,
+)
 
 FORMATS = {".parquet": "parquet", ".safetensors": "safetensors"}
 _HASH_BLOCK = 8 * 1024 * 1024
 _GLOB_CHARS = frozenset("*?[")
+_LOOKED_FOR = (
+    "*.parquet, *.safetensors, slime train_data/*.pt, NeMo-RL train_data_step*.jsonl or prime-rl "
+    "step_*/rank_*.jsonl"
+)
 
 
 @dataclass(frozen=True)
 class InputFile:
-    """One input file: its path as the user will see it, its format and its size in bytes."""
+    """One input file: its path as the user will see it, its format, its size in bytes, and notes.
+
+    `format` is one of `parquet`, `safetensors`, `slime`, `nemo-rl`, `prime-rl`. `notes` are
+    warnings found while discovering it (e.g. a prime-rl step folder without its STABLE marker).
+    """
 
     path: str
-    format: str  # "parquet" | "safetensors"
+    format: str
     bytes: int
+    notes: tuple[str, ...] = ()
 
 
-def _format_of(path: str) -> str | None:
-    return FORMATS.get(os.path.splitext(path)[1].lower())
+def _natural(component: str) -> list[str | int]:
+    # step_10 after step_9: digit runs compare as numbers (re.split alternates text, digits, text, ...).
+    return [int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", component))]
 
 
-def _walk(directory: str) -> list[str]:
-    """Every supported file below `directory`, skipping hidden files and folders (e.g. macOS `._x`)."""
-    found: list[str] = []
+def _sort_key(path: str, root: str) -> list[list[str | int]]:
+    return [_natural(part) for part in os.path.relpath(path, root).split(os.sep)]
+
+
+def _walk_candidate(path: str, forced: str | None) -> tuple[str, str | None] | None:
+    """(format, slime kind) for a file a folder walk should read, or None to skip it."""
+    name = os.path.basename(path)
+    ext = os.path.splitext(name)[1].lower()
+    if forced is not None:
+        return (forced, None) if ext in FORCED_EXTENSIONS[forced] else None
+    if ext in FORMATS:
+        return FORMATS[ext], None
+    if ext in (".pt", ".pth"):
+        kind = slime_kind(path)  # other torch files (checkpoints) are not dumps: skip them
+        return ("slime", kind) if kind else None
+    if ext == ".jsonl":
+        by_name = "nemo-rl" if NEMO_NAME.match(name) else "prime-rl" if PRIME_NAME.match(name) else None
+        if by_name is None:
+            return None  # val_data_step*.jsonl, metrics logs, ...
+        record = first_record(path)
+        return (json_flavor(record) if record else None) or by_name, None
+    return None
+
+
+def _walk(directory: str, forced: str | None) -> list[tuple[str, str]]:
+    """Every dump below `directory` as (path, format), skipping hidden files and folders (e.g. macOS `._x`).
+
+    A slime rollout-side dump is left out when the walk also finds train-side dumps (the rollout
+    side has no trainer log-probs); alone, it is kept so that reading it says why it is refused.
+    """
+    found: list[tuple[str, str, str | None]] = []
     for root, dirs, files in os.walk(directory):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        found.extend(os.path.join(root, f) for f in files if not f.startswith(".") and _format_of(f))
-    return sorted(found, key=lambda p: os.path.relpath(p, directory).split(os.sep))
+        for f in files:
+            if f.startswith("."):
+                continue
+            path = os.path.join(root, f)
+            candidate = _walk_candidate(path, forced)
+            if candidate is not None:
+                found.append((path, *candidate))
+    if any(kind in ("train", "legacy-train") for _, _, kind in found):
+        found = [item for item in found if item[2] != "rollout"]
+    found.sort(key=lambda item: _sort_key(item[0], directory))
+    return [(path, fmt) for path, fmt, _ in found]
 
 
-def _expand(arg: str) -> list[str]:
+def _file_format(path: str, forced: str | None) -> str:
+    if forced is not None:
+        return forced
+    fmt = detect_format(path)
+    if fmt is None:
+        raise InputError(
+            f"cannot tell the format of {path}: expected a parquet, safetensors, slime train dump (.pt), "
+            "NeMo-RL train_data_step*.jsonl or prime-rl rank_*.jsonl file",
+            hint="name the format with --input-format, or convert the dump to parquet (see the README)",
+        )
+    return fmt
+
+
+def _glob_format(path: str, forced: str | None) -> str | None:
+    """The format of a file a glob matched, or None to skip it (a README next to the dumps)."""
+    if forced is None:
+        return detect_format(path)
+    if os.path.splitext(path)[1].lower() in FORCED_EXTENSIONS[forced] or sniff(path) == forced:
+        return forced
+    return None
+
+
+def _expand(arg: str, forced: str | None) -> list[tuple[str, str]]:
     if os.path.isdir(arg):
-        found = _walk(arg)
+        found = _walk(arg, forced)
         if not found:
+            looked_for = ", ".join("*" + e for e in FORCED_EXTENSIONS[forced]) if forced else _LOOKED_FOR
             raise InputError(
-                f"no *.parquet or *.safetensors file under directory {arg}",
+                f"no dump file under directory {arg} (looked for {looked_for})",
                 hint="point at the folder that holds the dumps, or name the files",
             )
         return found
     if os.path.isfile(arg):
-        if _format_of(arg) is None:
-            raise InputError(
-                f"expected a .parquet or .safetensors file, got {arg}",
-                hint="convert the dump to parquet or safetensors (see SPEC §2), or rename it if the extension is wrong",
-            )
-        return [arg]
+        return [(arg, _file_format(arg, forced))]
     if os.path.exists(arg):
         raise InputError(f"expected a file or directory, got {arg}", hint="name a regular file or a folder")
     if _GLOB_CHARS & set(arg):
-        matches: list[str] = []
+        matches: list[tuple[str, str]] = []
         for match in sorted(glob.glob(arg, recursive=True)):
             if os.path.isdir(match):
-                matches.extend(_walk(match))
-            elif os.path.isfile(match) and _format_of(match):
-                matches.append(match)
+                matches.extend(_walk(match, forced))
+            elif os.path.isfile(match):
+                fmt = _glob_format(match, forced)
+                if fmt is not None:
+                    matches.append((match, fmt))
         if not matches:
             raise InputError(
-                f"pattern {arg} matched no .parquet or .safetensors file",
+                f"pattern {arg} matched no dump file",
                 hint="check the pattern (quote it so the shell does not expand it; use ** for subfolders)",
             )
         return matches
     raise InputError(f"no such file or directory: {arg}", hint="check the path")
 
 
-def discover_inputs(args: Sequence[str]) -> list[InputFile]:
-    """Expand files, directories (recursive, sorted) and globs into inputs in argument order, once each."""
+def discover_inputs(args: Sequence[str], input_format: str | None = None) -> list[InputFile]:
+    """Expand files, directories (recursive, naturally sorted) and globs into inputs in argument order, once each.
+
+    `input_format` forces a format (None or `auto`: detect it from the content, then the extension).
+    """
+    forced = check_format(input_format)
     if not args:
-        raise UsageError("no input given", hint="name at least one .parquet / .safetensors file or folder")
+        raise UsageError("no input given", hint="name at least one dump file or folder")
     inputs: list[InputFile] = []
     seen: set[str] = set()
     for arg in args:
-        for path in _expand(arg):
+        for path, fmt in _expand(arg, forced):
             real = os.path.realpath(path)
             if real in seen:
                 continue
@@ -87,7 +171,8 @@ def discover_inputs(args: Sequence[str]) -> list[InputFile]:
                 size = os.path.getsize(path)
             except OSError as exc:
                 raise InputError(f"cannot read {path}: {exc.strerror}", hint="check the path and permissions") from exc
-            inputs.append(InputFile(path=path, format=FORMATS[os.path.splitext(path)[1].lower()], bytes=size))
+            notes = prime_notes(path) if fmt == "prime-rl" else ()
+            inputs.append(InputFile(path=path, format=fmt, bytes=size, notes=notes))
     return inputs
 
 

@@ -10,7 +10,17 @@ import pyarrow.parquet as pq
 
 from ..batch import Batch
 from ..errors import InputError
-from ._common import check_file, common_float, mask_to_bool, reason, row_at, to_log_probs
+from ._common import (
+    check_file,
+    check_lengths,
+    common_float,
+    group_labels,
+    mask_to_bool,
+    missing_group,
+    reason,
+    row_at,
+    to_log_probs,
+)
 from .aliases import resolve_roles
 from .options import ReadOptions
 
@@ -58,27 +68,6 @@ def _flatten(arr: pa.Array, role: str, name: str, source: str, first_row: int) -
             hint="fill missing values (padding belongs where the mask is 0) before dumping",
         )
     return flat.to_numpy(zero_copy_only=False), offsets
-
-
-def _describe(name: str, role: str) -> str:
-    return f"column {name!r}" if name == role else f"column {name!r} ({role})"
-
-
-def _check_lengths(offsets: dict[str, np.ndarray], names: dict[str, str], source: str, first_row: int) -> None:
-    roles = list(offsets)
-    reference = roles[0]
-    for other in roles[1:]:
-        if np.array_equal(offsets[reference], offsets[other]):
-            continue
-        ref_len, other_len = np.diff(offsets[reference]), np.diff(offsets[other])
-        row = int(np.argmax(ref_len != other_len))
-        raise InputError(
-            f"expected equal lengths in {source} row {first_row + row}, got {int(ref_len[row])} tokens in "
-            f"{_describe(names[reference], reference)} and {int(other_len[row])} in "
-            f"{_describe(names[other], other)}",
-            hint="every role must hold one value per token of the same response; check the columns "
-            "chosen with --column",
-        )
 
 
 def _steps(arr: pa.Array, name: str, source: str, first_row: int) -> np.ndarray:
@@ -132,14 +121,21 @@ def _read_open(handle: pq.ParquetFile, path: str, options: ReadOptions) -> Itera
         ),
         None,
     )
-    needed = list(dict.fromkeys([*names.values(), *(n for n in (step_name, id_name) if n is not None)]))
+    for column in options.group_columns:
+        if column not in available:
+            raise missing_group(column, path, list(available))
+        _check_group_type(schema.field(column), path)
+    groups = tuple(options.group_columns)
+    needed = list(
+        dict.fromkeys([*names.values(), *(n for n in (step_name, id_name) if n is not None), *groups])
+    )
 
     first_row = 0
     try:
         for record_batch in handle.iter_batches(batch_size=options.chunk_rows, columns=needed):
             if record_batch.num_rows == 0:
                 continue
-            yield _to_batch(record_batch, names, step_name, id_name, path, first_row)
+            yield _to_batch(record_batch, names, step_name, id_name, groups, path, first_row)
             first_row += record_batch.num_rows
     except (pa.ArrowException, OSError) as exc:
         raise InputError(
@@ -152,6 +148,7 @@ def _to_batch(
     names: dict[str, str],
     step_name: str | None,
     id_name: str | None,
+    groups: tuple[str, ...],
     source: str,
     first_row: int,
 ) -> Batch:
@@ -159,7 +156,7 @@ def _to_batch(
     offsets: dict[str, np.ndarray] = {}
     for role, name in names.items():
         values[role], offsets[role] = _flatten(record_batch.column(name), role, name, source, first_row)
-    _check_lengths(offsets, names, source, first_row)
+    check_lengths(offsets, names, source, first_row)
     row_offsets = offsets["old_log_probs"]
     old, rollout = common_float(to_log_probs(values["old_log_probs"]), to_log_probs(values["rollout_log_probs"]))
     if "response_mask" in values:
@@ -177,4 +174,29 @@ def _to_batch(
         first_row=first_row,
         steps=steps,
         sequence_ids=ids,
+        groups={name: _group_values(record_batch.column(name)) for name in groups},
     )
+
+
+def _check_group_type(field: pa.Field, source: str) -> None:
+    t = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
+    if (
+        pa.types.is_integer(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_floating(t)
+    ):
+        return
+    raise InputError(
+        f"expected a string or integer column to group by, got {field.type} in {source} column {field.name!r}",
+        hint="group by a column holding one label per row (e.g. env_name, data_source)",
+    )
+
+
+def _group_values(arr: pa.Array) -> np.ndarray:
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    if arr.null_count and not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        arr = arr.cast(pa.string())  # keeps nulls as None instead of NaN
+    return group_labels(arr.to_numpy(zero_copy_only=False))

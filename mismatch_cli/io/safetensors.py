@@ -14,7 +14,7 @@ from safetensors import SafetensorError, safe_open
 
 from ..batch import Batch
 from ..errors import InputError
-from ._common import check_file, common_float, mask_to_bool, reason, to_log_probs
+from ._common import check_file, common_float, group_labels, mask_to_bool, missing_group, reason, to_log_probs
 from .aliases import resolve_roles
 from .options import ReadOptions
 
@@ -233,6 +233,9 @@ def read_safetensors(path: str, options: ReadOptions) -> Iterator[Batch]:
             )
         num_rows = len(cu) - 1
         steps_all = _steps(reader, tensors, metadata, options.step_column, num_rows, path)
+        groups_all = {
+            column: _group(reader, tensors, metadata, column, num_rows, path) for column in options.group_columns
+        }
         labels = {
             k: v for k, v in metadata.items() if k != options.step_column and not (k == "format" and v in _FORMAT_TAGS)
         }
@@ -261,6 +264,7 @@ def read_safetensors(path: str, options: ReadOptions) -> Iterator[Batch]:
                 first_row=a,
                 steps=None if steps_all is None else steps_all[a:b],
                 labels=dict(labels),
+                groups={column: values[a:b] for column, values in groups_all.items()},
             )
 
 
@@ -287,3 +291,23 @@ def _steps(
             ) from None
         return np.full(num_rows, step, dtype=np.int64)
     return None
+
+
+def _group(
+    reader: _Reader, tensors: dict[str, _Tensor], metadata: dict[str, str], key: str, num_rows: int, path: str
+) -> np.ndarray:
+    """Per-row group labels from a 1-D integer tensor named `key`, else one label from `__metadata__[key]`."""
+    tensor = tensors.get(key)
+    if tensor is not None:
+        if tensor.dtype not in _INT_DTYPES or tensor.shape != (num_rows,):
+            raise InputError(
+                f"expected tensor {key!r} in {path} to be integer [{num_rows}] (one group label per row), "
+                f"got {tensor.dtype} {_shape(tensor)}",
+                hint=f"store one integer label per sequence, or put a single label in __metadata__[{key!r}]",
+            )
+        return group_labels(reader.whole(tensor))
+    if key in metadata:
+        labels = np.empty(num_rows, dtype=object)
+        labels[:] = metadata[key]
+        return labels
+    raise missing_group(key, path, sorted([*tensors, *metadata]), noun="tensor or __metadata__ key")

@@ -68,7 +68,7 @@ def test_discovery_errors(tmp_path):
         discover_inputs([str(tmp_path / "missing.parquet")])
     assert err.value.exit_code == 3 and "fix:" in str(err.value)
     csv = _touch(tmp_path / "data.csv")
-    with pytest.raises(InputError, match=r"expected a .parquet or .safetensors file, got .*data.csv"):
+    with pytest.raises(InputError, match=r"cannot tell the format of .*data.csv: expected a parquet"):
         discover_inputs([csv])
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match=r"under directory .*empty"):

@@ -1,0 +1,237 @@
+"""slime train-side debug dumps (`--save-debug-train-data`, `--dump-details DIR/train_data/{id}.pt`).
+
+`format_version` 2: `{"format_version": 2, "rollout_id", "rank", "samples": [...], "dp_shards": [...]}`,
+one dict per sample with ragged response-length tensors `log_probs` (trainer), `rollout_log_probs`,
+`loss_masks`, plus `response_lengths` and `rollout_position`; the dump written before version 2
+(`{"rollout_id", "rank", "rollout_data": {key: [per-sample values]}}`) is read too. Files are loaded
+with `torch.load(weights_only=True)` only, never with full unpickling; the rollout-side dump
+(`rollout_data/{id}.pt`), which holds pickled `Sample` objects and no trainer log-probs, is refused
+before anything is loaded. torch is imported inside the reader, never when `mismatch_cli.io` is.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ..batch import Batch
+from ..errors import InputError
+from ._common import check_file, common_float, group_labels, mask_to_bool, missing_group, reason, to_log_probs
+from .aliases import resolve_roles
+from .detect import slime_kind
+from .options import ReadOptions
+
+TRAIN_SIDE = (
+    "the train-side dump written by --save-debug-train-data PATH or --dump-details DIR "
+    "(DIR/train_data/{rollout_id}.pt), which holds both log-probs and loads without unpickling"
+)
+_READ_HINT = "check that the file is complete (re-save it if it was truncated)"
+_ORDER_KEYS = ("rollout_position", "sample_index")
+
+
+def rollout_refusal(path: str) -> InputError:
+    """The error for a slime rollout-side dump: why it is not read, and what to read instead."""
+    return InputError(
+        f"{path} is a slime rollout-side dump (--save-debug-rollout-data, or rollout_data/ under "
+        "--dump-details): it has no trainer log-probs, and loading it needs full unpickling of slime's "
+        "Sample objects, which mismatch never does (unpickling can run arbitrary code)",
+        hint=f"analyze {TRAIN_SIDE}",
+    )
+
+
+def _unpickling_reason(exc: BaseException) -> str:
+    # torch's message is long and suggests weights_only=False; keep only the line saying what was refused.
+    for line in str(exc).splitlines():
+        if "GLOBAL" in line or "Unsupported" in line or "unsupported" in line:
+            return line.strip().rstrip(".")
+    return "the file holds Python objects other than tensors, numbers, strings, lists and dicts"
+
+
+def _load(path: str) -> Any:
+    import pickle
+
+    import torch
+
+    zipped = zipfile.is_zipfile(path)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=zipped)
+    except pickle.UnpicklingError as exc:
+        raise InputError(
+            f"cannot load {path} with torch.load(weights_only=True): {_unpickling_reason(exc)}; mismatch never "
+            "unpickles arbitrary Python objects (that can run code)",
+            hint=f"if this is a slime rollout-side dump, analyze {TRAIN_SIDE}; otherwise re-save the dump with "
+            "tensors, numbers, strings, lists and dicts only",
+        ) from None
+    except (RuntimeError, OSError, EOFError, ValueError, KeyError, TypeError, AttributeError,
+            zipfile.BadZipFile) as exc:
+        raise InputError(f"cannot read {path} as a torch file: {reason(exc)}", hint=_READ_HINT) from None
+
+
+def _legacy_samples(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per-sample dicts from the pre-version-2 layout (a dict of per-sample lists)."""
+    count = len(data.get("response_lengths", ()))
+    columns = {key: value for key, value in data.items() if _is_per_sample(value, count)}
+    return [{key: value[i] for key, value in columns.items()} for i in range(count)]
+
+
+def _is_per_sample(value: Any, count: int) -> bool:
+    if isinstance(value, (list, tuple)):
+        return len(value) == count
+    shape = getattr(value, "shape", None)
+    return shape is not None and len(shape) >= 1 and shape[0] == count
+
+
+def _samples(payload: Any, path: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    if not isinstance(payload, dict):
+        raise InputError(
+            f"expected a dict saved by slime in {path}, got {type(payload).__name__}",
+            hint=f"analyze {TRAIN_SIDE}",
+        )
+    meta = {key: _scalar(payload[key]) for key in ("rollout_id", "rank") if key in payload}
+    if "samples" in payload:
+        if "format_version" not in payload:  # slime's rollout side: samples but no version and no trainer side
+            raise rollout_refusal(path)
+        samples = payload["samples"]
+        if not isinstance(samples, list) or not all(isinstance(s, dict) for s in samples):
+            raise InputError(
+                f"expected 'samples' in {path} to be a list of per-sample dicts, got {type(samples).__name__}",
+                hint=f"analyze {TRAIN_SIDE}",
+            )
+        return samples, meta
+    if isinstance(payload.get("rollout_data"), dict):
+        return _legacy_samples(payload["rollout_data"]), meta
+    keys = ", ".join(sorted(map(str, payload))[:20]) or "(none)"
+    raise InputError(
+        f"{path} is not a slime train dump: expected 'format_version' and 'samples', got keys {keys}",
+        hint=f"analyze {TRAIN_SIDE}",
+    )
+
+
+def _scalar(value: Any) -> Any:
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        return value.item()
+    return value
+
+
+def _values(value: Any) -> np.ndarray | None:
+    """A per-sample array as numpy (bf16/f16 widened to float32), or None."""
+    if value is None:
+        return None
+    if hasattr(value, "detach"):  # a torch tensor; torch is already imported by _load
+        tensor = value.detach().cpu().reshape(-1)
+        if tensor.dtype.is_floating_point and tensor.element_size() < 4:
+            tensor = tensor.float()
+        return tensor.numpy()
+    return np.asarray(value).reshape(-1)
+
+
+def _order(samples: list[dict[str, Any]]) -> list[int]:
+    """Sample order by `rollout_position` (fallback `sample_index`), as slime sorts them; else as stored."""
+    for key in _ORDER_KEYS:
+        keys = [_scalar(s.get(key)) for s in samples]
+        if keys and all(isinstance(k, int) for k in keys):
+            return sorted(range(len(samples)), key=keys.__getitem__)
+    return list(range(len(samples)))
+
+
+def read_slime(path: str, options: ReadOptions) -> Iterator[Batch]:
+    """Stream a slime train-side dump as Batches of at most `chunk_rows` samples, in rollout order."""
+    check_file(path)
+    if slime_kind(path) == "rollout":
+        raise rollout_refusal(path)
+    samples, meta = _samples(_load(path), path)
+    if not samples:
+        return
+    available = [str(k) for k in samples[0]]
+    roles = resolve_roles(available, options, path, noun="key")
+    names = {role: name for role, name in roles.items() if name is not None}
+    for column in options.group_columns:
+        if column not in samples[0] and column not in meta:
+            raise missing_group(column, path, [*available, *meta], noun="key")
+    order = _order(samples)
+    id_key = next((k for k in ("sample_index", "rollout_position") if _scalar(samples[0].get(k)) is not None), None)
+    step = meta.get("rollout_id")
+    for a in range(0, len(order), options.chunk_rows):
+        rows = [samples[i] for i in order[a : a + options.chunk_rows]]
+        yield _to_batch(rows, names, meta, step, id_key, options.group_columns, path, a)
+
+
+def _row_name(rows: list[dict[str, Any]], j: int, first_row: int) -> str:
+    position = _scalar(rows[j].get("rollout_position"))
+    return f"row {first_row + j}" + (f" (rollout_position {position})" if position is not None else "")
+
+
+def _to_batch(
+    rows: list[dict[str, Any]],
+    names: dict[str, str],
+    meta: dict[str, Any],
+    step: Any,
+    id_key: str | None,
+    group_columns: tuple[str, ...],
+    path: str,
+    first_row: int,
+) -> Batch:
+    parts: dict[str, list[np.ndarray]] = {}
+    for role in ("old_log_probs", "rollout_log_probs"):
+        name = names[role]
+        values = [_values(row.get(name)) for row in rows]
+        missing = [j for j, v in enumerate(values) if v is None]
+        if missing:
+            raise InputError(
+                f"expected {role} in key {name!r}, got none in {path} {_row_name(rows, missing[0], first_row)}",
+                hint="dump with rollout log-probs recorded (slime keeps them when the engine returns log-probs)",
+            )
+        parts[role] = values  # type: ignore[assignment]
+    lengths = np.array([len(v) for v in parts["old_log_probs"]], dtype=np.int64)
+    checks = {names[r]: np.array([len(v) for v in parts[r]], dtype=np.int64) for r in parts if r != "old_log_probs"}
+    if "response_mask" in names:
+        masks = [_values(row.get(names["response_mask"])) for row in rows]
+        # slime's loss_mask None means every response token is trained on.
+        parts["response_mask"] = [
+            np.ones(n, np.int8) if m is None else m for m, n in zip(masks, lengths.tolist(), strict=True)
+        ]
+        checks[names["response_mask"]] = np.array([len(m) for m in parts["response_mask"]], dtype=np.int64)
+    if all("response_lengths" in row for row in rows):
+        checks["response_lengths"] = np.array([int(_scalar(row["response_lengths"])) for row in rows], np.int64)
+    for name, other in checks.items():
+        bad = other != lengths
+        if bad.any():
+            j = int(np.argmax(bad))
+            raise InputError(
+                f"expected equal lengths in {path} {_row_name(rows, j, first_row)}, got {int(lengths[j])} tokens in "
+                f"key {names['old_log_probs']!r} and {int(other[j])} in {name!r}",
+                hint="every role must hold one value per response token of the same sample",
+            )
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    old, rollout = common_float(
+        to_log_probs(np.concatenate(parts["old_log_probs"])), to_log_probs(np.concatenate(parts["rollout_log_probs"]))
+    )
+    if "response_mask" in parts:
+        mask = mask_to_bool(np.concatenate(parts["response_mask"]), offsets, first_row, path, names["response_mask"],
+                            "key")
+    else:
+        mask = np.ones(len(old), dtype=np.bool_)
+    count = len(rows)
+    steps = np.full(count, int(step), dtype=np.int64) if isinstance(step, int) else None
+    ids = np.array([_scalar(row.get(id_key)) for row in rows]) if id_key else None
+    groups = {}
+    for column in group_columns:
+        labels = np.empty(count, dtype=object)
+        labels[:] = [_scalar(row.get(column, meta.get(column))) for row in rows]
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in labels):
+            labels = labels.astype(np.int64)
+        groups[column] = group_labels(labels)
+    return Batch(
+        old_log_probs=old,
+        rollout_log_probs=rollout,
+        response_mask=mask,
+        offsets=offsets,
+        source=path,
+        first_row=first_row,
+        steps=steps,
+        sequence_ids=ids,
+        groups=groups,
+    )
