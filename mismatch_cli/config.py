@@ -87,9 +87,16 @@ class CorrectionConfig:
     loss_type: str = "ppo_clip"
     k1_bounds: str = "verl"  # "verl" reproduces verl's inverted k1 bounds; "ratio" keeps L <= rho <= U
     preset: str | None = None
+    # An older family (mismatch_cli.legacy.FAMILIES) and its upstream fields, verbatim.
+    semantics: str = "verl"
+    family_fields: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as a JSON-ready mapping."""
+        if self.semantics != "verl":
+            from mismatch_cli.legacy import effective_fields
+
+            return {"semantics": self.semantics, **effective_fields(self.semantics, self.family_fields)}
         return {
             "semantics": "verl",
             "preset": self.preset,
@@ -113,6 +120,7 @@ class ResolvedCorrection:
     is_batch_normalize: bool
     rs_options: tuple[RsOption, ...] = field(default_factory=tuple)
     k1_bounds: str = "verl"
+    legacy: Any = None  # a LegacySpec for the older families (mismatch_cli.legacy)
 
     @property
     def asymmetric_k1(self) -> tuple[RsOption, ...]:
@@ -192,7 +200,7 @@ def _legacy_hint(option: str) -> str:
     return "see `mismatch presets` for valid configurations"
 
 
-def parse_rs_thresholds(options: list[str], spec: Any) -> tuple[RsOption, ...]:
+def parse_rs_thresholds(options: list[str], spec: Any, check_order: bool = True) -> tuple[RsOption, ...]:
     """Parse `rollout_rs_threshold` (one spec shared by all options, or one per option)."""
     if spec is None:
         raise ConfigError(
@@ -233,7 +241,7 @@ def parse_rs_thresholds(options: list[str], spec: Any) -> tuple[RsOption, ...]:
                 raise ConfigError(f"Invalid numeric threshold '{text}' for option '{option}'.") from None
             if not (lower > 0 and upper > 0):
                 raise ConfigError(f"Thresholds for option '{option}' must be positive, got {text}.")
-            if lower > upper:
+            if check_order and lower > upper:  # verl 0.7.1 does not check (and rejects everything)
                 raise ConfigError(
                     f"Thresholds for option '{option}' must be lower <= upper, got {text}.",
                     hint="a single k1 value U means the band 1/U..U, so it must be >= 1",
@@ -257,6 +265,10 @@ def parse_rs_thresholds(options: list[str], spec: Any) -> tuple[RsOption, ...]:
 
 def resolve(config: CorrectionConfig) -> ResolvedCorrection:
     """Validate a configuration the way verl does at compute time and return what the engine needs."""
+    if config.semantics != "verl":
+        from mismatch_cli.legacy import resolve_family
+
+        return resolve_family(config.semantics, config.family_fields)[0]
     if config.k1_bounds not in ("verl", "ratio"):
         raise ConfigError(f"k1 bounds must be 'verl' or 'ratio', got {config.k1_bounds!r}.")
     if config.loss_type not in ("ppo_clip", "reinforce"):

@@ -15,6 +15,7 @@ class Band:
     low: float | None
     high: float | None
     absolute: bool = False
+    aliases: tuple[str, ...] = ()  # the same quantity under an older family's key
 
     def describe(self) -> str:
         """The healthy range in words."""
@@ -34,11 +35,12 @@ class Band:
 
 
 BANDS = (
-    Band("rollout_corr/rollout_is_mean", "IS weight mean", 0.5, 2.0),
-    Band("rollout_corr/rollout_is_eff_sample_size", "IS effective sample size", 0.3, None),
+    Band("rollout_corr/rollout_is_mean", "IS weight mean", 0.5, 2.0, aliases=("mismatch/rollout_is_mean",)),
+    Band("rollout_corr/rollout_is_eff_sample_size", "IS effective sample size", 0.3, None,
+         aliases=("mismatch/rollout_is_eff_sample_size",)),
     Band("diag/ess_token", "ESS of raw token ratios", 0.3, None),
-    Band("rollout_corr/rollout_is_std", "IS weight std", None, 1.0),
-    Band("rollout_corr/kl", "KL(rollout || train), k1", None, 0.1, absolute=True),
+    Band("rollout_corr/rollout_is_std", "IS weight std", None, 1.0, aliases=("mismatch/rollout_is_std",)),
+    Band("rollout_corr/kl", "KL(rollout || train), k1", None, 0.1, absolute=True, aliases=("mismatch/mismatch_kl",)),
     Band("rollout_corr/chi2_token", "chi-squared, token", None, 1.0),
 )
 
@@ -46,16 +48,18 @@ BANDS = (
 def summarize(metrics: dict[str, float | None]) -> dict[str, Any]:
     """Apply the bands to whichever of their metrics are present; status is `healthy` or `warning`."""
     checks = []
-    has_is = metrics.get("rollout_corr/rollout_is_eff_sample_size") is not None
+    has_is = any(metrics.get(k) is not None for k in ("rollout_corr/rollout_is_eff_sample_size",
+                                                        "mismatch/rollout_is_eff_sample_size"))
     for band in BANDS:
         if band.metric == "diag/ess_token" and has_is:
             continue
-        value = metrics.get(band.metric)
-        if value is None:
+        metric = next((k for k in (band.metric, *band.aliases) if metrics.get(k) is not None), None)
+        if metric is None:
             continue
+        value = metrics[metric]
         checks.append(
             {
-                "metric": band.metric,
+                "metric": metric,
                 "label": band.label,
                 "value": value,
                 "healthy_range": band.describe(),
