@@ -1,20 +1,253 @@
-"""Cheap always-on `diag/` sums that need no extra pass: |delta|, signed bias, token ESS, counts."""
+"""The always-on `diag/` keys: |delta|, signed bias, probability-space diffs, quantiles, ESS, counts.
+
+Quantiles come from fixed-size mergeable counts bucketed like `LogSketch` (the top 16 bits of a
+float32: <= 0.4 % relative error, never `torch.quantile`, which refuses > 2^24 values). Taking the
+top 16 bits of delta itself (sign included) puts delta >= 0 and delta < 0 into two halves of one
+count array, so signed and |delta| quantiles come from the same counts, which also back the
+histograms the plots draw. Nothing here sorts or keeps per-token data.
+"""
 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
+import numpy as np
 import torch
 
-from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.config import SAFETY_BOUND
+from mismatch_cli.engine.chunk import MAX_CHUNK_POSITIONS, Chunk
+from mismatch_cli.engine.ops import segment_sum
+from mismatch_cli.engine.sketch import NUM_BUCKETS, SHIFT
 from mismatch_cli.engine.state import Reducer
 
+SIGNED_LEVELS = (0.001, 0.01, 0.1, 0.5, 0.9, 0.99, 0.999)
+ABS_LEVELS = (0.5, 0.9, 0.99, 0.999, 0.9999)
+# diag/ quantile keys and their levels: of delta, then of |delta| (SPEC §3.4).
+SIGNED_KEYS = {"log_ratio_p001": 0.001, "log_ratio_p01": 0.01, "log_ratio_p50": 0.5, "log_ratio_p99": 0.99,
+               "log_ratio_p999": 0.999}
+ABS_KEYS = {"abs_log_ratio_p50": 0.5, "abs_log_ratio_p90": 0.9, "abs_log_ratio_p99": 0.99, "abs_log_ratio_p999": 0.999}
+SKETCH_RELATIVE_ERROR = 2.0**-8  # half a bucket: buckets are 2^-7 of their lower edge wide
+HISTOGRAM_MERGE = 16  # sketch buckets per histogram bin: 128 / 16 = 8 bins per octave of |delta|
+POSITION_BIN = 32  # token positions per bin of the position profile
+POSITION_MAX_BINS = 256  # the report's profile is coarsened to at most this many bins
 
-class DiagnosticsAccumulator:
-    """Token-mean |delta|, bias and the token-weighted ESS of raw safety-clamped ratios."""
+
+@lru_cache(maxsize=1)
+def bucket_values() -> np.ndarray:
+    """The value each sketch bucket reports (its midpoint; bucket 0 holds zeros), float64 [NUM_BUCKETS]."""
+    buckets = np.arange(NUM_BUCKETS, dtype=np.int64)
+    middle = ((buckets << SHIFT) | (1 << (SHIFT - 1))).astype(np.int32)
+    with np.errstate(invalid="ignore"):  # the top buckets are inf / NaN bit patterns, never filled
+        values = middle.view(np.float32).astype(np.float64)
+    values[0] = 0.0
+    return values
+
+
+def quantiles_from_counts(counts: np.ndarray, values: np.ndarray, levels: tuple[float, ...]) -> list[float | None]:
+    """numpy-style (linear) quantiles of a histogram whose bin i holds `counts[i]` copies of `values[i]`."""
+    total = int(counts.sum())
+    if total == 0:
+        return [None for _ in levels]
+    cumulative = np.cumsum(counts)
+    position = np.asarray(levels, dtype=np.float64) * (total - 1)
+    low = np.floor(position).astype(np.int64)
+    frac = position - low
+    high = np.minimum(low + 1, total - 1)
+    low_value = values[np.searchsorted(cumulative, low, side="right")]
+    high_value = values[np.searchsorted(cumulative, high, side="right")]
+    return [float(v) for v in low_value + frac * (high_value - low_value)]
+
+
+def signed_counts(sketch_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Counts and values in ascending signed order from the (non-negative, negative) sketch groups."""
+    magnitudes = bucket_values()
+    positive, negative = sketch_counts[0], sketch_counts[1]
+    counts = np.concatenate([negative[::-1], positive])
+    values = np.concatenate([-magnitudes[::-1], magnitudes])
+    return counts, values
+
+
+def _edge(coarse_bin: int) -> float:
+    bits = np.array([coarse_bin * HISTOGRAM_MERGE << SHIFT], dtype=np.int64).astype(np.int32)
+    return float(bits.view(np.float32)[0])
+
+
+def signed_histogram(sketch_counts: np.ndarray) -> dict[str, object]:
+    """A compact histogram of a signed quantity: 8 bins per octave of magnitude on each side."""
+    coarse = sketch_counts.reshape(2, -1, HISTOGRAM_MERGE).sum(axis=2)
+    zero = int(coarse[:, 0].sum())  # the first bin holds exact zeros (and subnormals)
+    occupied = np.flatnonzero(coarse[:, 1:].sum(axis=0)) + 1
+    if occupied.size == 0:
+        return {"bins_per_octave": 128 // HISTOGRAM_MERGE, "edges": [], "negative": [], "positive": [], "zero": zero}
+    first, last = int(occupied[0]), int(occupied[-1])
+    return {
+        "bins_per_octave": 128 // HISTOGRAM_MERGE,
+        "edges": [_edge(c) for c in range(first, last + 2)],
+        "negative": [int(x) for x in coarse[1, first : last + 1]],
+        "positive": [int(x) for x in coarse[0, first : last + 1]],
+        "zero": zero,
+    }
+
+
+_SCRATCH: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def scratch(name: str, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A reused 1-D work buffer of `size` elements: fresh per-chunk temporaries cost page faults every time.
+
+    Updates run one at a time and never keep a buffer past their return, so all accumulators share them.
+    """
+    key = (name, dtype, device)
+    buffer = _SCRATCH.get(key)
+    if buffer is None or buffer.numel() < size:
+        buffer = torch.empty(max(size, MAX_CHUNK_POSITIONS), dtype=dtype, device=device)
+        _SCRATCH[key] = buffer
+    return buffer[:size]
+
+
+def signed_buckets(values: torch.Tensor) -> torch.Tensor:
+    """Flat sketch index per value: the bucket of |value|, plus NUM_BUCKETS when the value is negative."""
+    n, device = values.numel(), values.device
+    if values.dtype != torch.float32:
+        values = scratch("float32", n, torch.float32, device).copy_(values)
+    # An arithmetic shift keeps the sign bit, so masking to 16 bits puts negatives above NUM_BUCKETS.
+    out = torch.bitwise_right_shift(values.view(torch.int32), SHIFT, out=scratch("bucket", n, torch.int32, device))
+    return out.bitwise_and_(2 * NUM_BUCKETS - 1)
+
+
+def _exp(values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """exp into a work buffer; on the CPU through numpy, markedly faster than torch on one thread."""
+    if values.device.type == "cpu":
+        with np.errstate(over="ignore"):  # inf, as torch gives (and as verl's k3_kl does)
+            np.exp(values.numpy(), out=out.numpy())
+        return out
+    return torch.exp(values, out=out)
+
+
+class PairSums:
+    """Sums of x = exp(old), d = exp(old) - exp(rollout) and their products: verl's probability-space metrics.
+
+    Pearson's r is computed from x and d (y = x - d), so the small disagreement d never comes from a
+    difference of two large sums; per-chunk sums are plain reductions (no float64 copy of the tokens).
+    """
 
     def __init__(self, device: torch.device) -> None:
         self.state = Reducer(device)
+
+    def update(self, old: torch.Tensor, rollout: torch.Tensor) -> None:
+        """Add the valid tokens of one chunk."""
+        s = self.state
+        n, dtype, device = old.numel(), old.dtype, old.device
+        x = _exp(old, scratch("x", n, dtype, device))
+        d = _exp(rollout, scratch("d", n, dtype, device))
+        torch.sub(x, d, out=d)
+        s.add("n", float(x.numel()))
+        s.add("x", x.sum())
+        s.add("d", d.sum())
+        s.add("xx", torch.dot(x, x))
+        s.add("xd", torch.dot(x, d))
+        s.add("dd", torch.dot(d, d))
+        d.abs_()
+        s.add("abs_d", d.sum())
+        s.max("max_abs_d", d.max())
+
+    def merge(self, other: PairSums) -> None:
+        """Fold another accumulator into this one."""
+        self.state.merge(other.state)
+
+    def compute(self) -> dict[str, float]:
+        """`prob_abs_diff_mean/_max/_std` (unbiased) and `prob_pearson_corr`; NaN where undefined (as verl)."""
+        s = self.state
+        n = s.get("n")
+        if n == 0:
+            return {"prob_abs_diff_mean": math.nan, "prob_abs_diff_max": math.nan, "prob_abs_diff_std": math.nan,
+                    "prob_pearson_corr": math.nan}
+        sum_x, sum_d, sum_abs = s.get("x"), s.get("d"), s.get("abs_d")
+        var_abs = (s.get("dd") - sum_abs * sum_abs / n) / (n - 1) if n > 1 else math.nan
+        var_x = s.get("xx") - sum_x * sum_x / n
+        cov_xd = s.get("xd") - sum_x * sum_d / n
+        var_d = s.get("dd") - sum_d * sum_d / n
+        var_y = var_x - 2 * cov_xd + var_d
+        pearson = (var_x - cov_xd) / math.sqrt(var_x * var_y) if n > 1 and var_x > 0 and var_y > 0 else math.nan
+        return {
+            "prob_abs_diff_mean": sum_abs / n,
+            "prob_abs_diff_max": s.get("max_abs_d"),
+            "prob_abs_diff_std": math.sqrt(max(var_abs, 0.0)) if n > 1 else math.nan,
+            "prob_pearson_corr": pearson,
+        }
+
+
+class PositionProfile:
+    """Sum of |delta| and valid tokens per bin of token position within the row (positions from 0)."""
+
+    def __init__(self) -> None:
+        self.sums = np.zeros(0, dtype=np.float64)
+        self.tokens = np.zeros(0, dtype=np.int64)
+
+    def _grow(self, size: int) -> None:
+        if size > self.sums.size:
+            self.sums = np.concatenate([self.sums, np.zeros(size - self.sums.size)])
+            self.tokens = np.concatenate([self.tokens, np.zeros(size - self.tokens.size, dtype=np.int64)])
+
+    def update(self, chunk: Chunk) -> None:
+        """Fold the chunk's |delta| into position bins: one segment sum over (row, bin) runs, no token loop."""
+        if chunk.num_tokens == 0:
+            return
+        if chunk.offsets is None or chunk.position_mask is None:
+            offsets = np.concatenate(([0], np.cumsum(chunk.lengths.cpu().numpy()))).astype(np.int64)
+            valid = None
+        else:
+            offsets = chunk.offsets
+            valid = chunk.keep if chunk.keep is not None else chunk.position_mask
+            if valid.all():
+                valid = None  # every position is a valid token: token index == position
+        row_length = np.diff(offsets)
+        bins_per_row = (row_length + POSITION_BIN - 1) // POSITION_BIN
+        first_bin = np.cumsum(bins_per_row) - bins_per_row
+        index = np.arange(int(bins_per_row.sum()), dtype=np.int64) - np.repeat(first_bin, bins_per_row)
+        start = np.repeat(offsets[:-1], bins_per_row) + POSITION_BIN * index
+        end = np.minimum(start + POSITION_BIN, np.repeat(offsets[1:], bins_per_row))
+        if valid is not None:
+            kept_before = np.concatenate(([0], np.cumsum(valid, dtype=np.int64)))
+            start, end = kept_before[start], kept_before[end]
+        counts = end - start
+        values = chunk.abs_log_ratio  # a segment holds <= POSITION_BIN tokens: the compute dtype is precise enough
+        lengths = torch.from_numpy(counts).to(values.device)
+        sums = segment_sum(values, lengths).cpu().numpy().astype(np.float64)
+        size = int(index.max()) + 1
+        self._grow(size)
+        self.sums[:size] += np.bincount(index, weights=sums, minlength=size)
+        self.tokens[:size] += np.bincount(index, weights=counts, minlength=size).astype(np.int64)
+
+    def merge(self, other: PositionProfile) -> None:
+        """Add another profile's sums."""
+        self._grow(other.sums.size)
+        self.sums[: other.sums.size] += other.sums
+        self.tokens[: other.tokens.size] += other.tokens
+
+    def compute(self) -> dict[str, object]:
+        """Mean |delta| per position bin, coarsened (bin widths doubling) to at most POSITION_MAX_BINS bins."""
+        sums, tokens, width = self.sums, self.tokens, POSITION_BIN
+        while sums.size > POSITION_MAX_BINS:
+            pad = sums.size % 2
+            sums = np.concatenate([sums, np.zeros(pad)]).reshape(-1, 2).sum(axis=1)
+            tokens = np.concatenate([tokens, np.zeros(pad, dtype=np.int64)]).reshape(-1, 2).sum(axis=1)
+            width *= 2
+        means = [float(s / t) if t else None for s, t in zip(sums, tokens, strict=True)]
+        return {"bin_width": width, "tokens": [int(t) for t in tokens], "abs_log_ratio_mean": means}
+
+
+class DiagnosticsAccumulator:
+    """Token-mean |delta|, bias, probability-space diffs, sketches, ESS both ways, and the counts."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.state = Reducer(device)
+        # Sketch counts of delta: [0, NUM_BUCKETS) hold delta >= 0 by |delta| bucket, the rest delta < 0.
+        self.counts = torch.zeros(2 * NUM_BUCKETS, dtype=torch.int64, device=device)
+        self.row_counts = torch.zeros(2 * NUM_BUCKETS, dtype=torch.int64, device=device)  # the same for S_i
+        self.prob = PairSums(device)
+        self.positions = PositionProfile()
 
     def update(self, chunk: Chunk) -> None:
         """Fold one chunk of whole sequences into the state."""
@@ -27,18 +260,38 @@ class DiagnosticsAccumulator:
         s.add("empty_rows", (~chunk.row_valid).sum())
         s.add("sum_abs", abs_log_ratio.sum())
         s.add("sum_log_ratio", log_ratio.sum())
-        s.add("negative", (log_ratio < 0).sum())
-        s.add("sum_exp_abs", torch.exp(abs_log_ratio).sum())
+        n, dtype, device = chunk.num_tokens, log_ratio.dtype, log_ratio.device
+        s.add("negative", torch.lt(log_ratio, 0, out=scratch("flag", n, torch.bool, device)).sum())
+        s.add("sum_exp_abs", _exp(abs_log_ratio, scratch("x", n, dtype, device)).sum())
         s.add("sum_ratio", ratio.sum())
         s.add("sum_ratio_sq", chunk.ratio_safe_sq.sum())
-        if chunk.num_tokens:
-            s.max("max_abs", abs_log_ratio.max())
         for name in ("nonfinite_tokens", "sentinel_tokens"):
             s.add(name, float(chunk.quality[name]))
+        if chunk.num_tokens == 0:
+            return
+        s.max("max_abs", abs_log_ratio.max())
+        self.counts += torch.bincount(signed_buckets(log_ratio), minlength=2 * NUM_BUCKETS)
+        self.prob.update(chunk.old, chunk.rollout)
+        # Kish ESS over valid rows of the sequence weights exp(clamp(S_i, +-20)).
+        row_log_ratio = chunk.log_ratio_row_sum[chunk.row_valid]
+        row_weight = torch.exp(row_log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+        s.add("valid_rows", float(row_weight.numel()))
+        s.add("sum_row_weight", row_weight.sum())
+        s.add("sum_row_weight_sq", row_weight.square().sum())
+        self.row_counts += torch.bincount(signed_buckets(row_log_ratio), minlength=2 * NUM_BUCKETS)
+        self.positions.update(chunk)
 
     def merge(self, other: DiagnosticsAccumulator) -> None:
         """Fold another accumulator into this one."""
         self.state.merge(other.state)
+        self.counts += other.counts.to(self.counts.device)
+        self.row_counts += other.row_counts.to(self.row_counts.device)
+        self.prob.merge(other.prob)
+        self.positions.merge(other.positions)
+
+    @staticmethod
+    def _counts(counts: torch.Tensor) -> np.ndarray:
+        return counts.cpu().numpy().reshape(2, NUM_BUCKETS)
 
     def compute(self) -> dict[str, float]:
         """The `diag/` keys (unprefixed) this accumulator owns."""
@@ -46,17 +299,61 @@ class DiagnosticsAccumulator:
         tokens = s.get("tokens") or math.nan  # no valid token: every mean is undefined
         mean_ratio = s.get("sum_ratio") / (tokens + 1e-8)
         mean_ratio_sq = s.get("sum_ratio_sq") / (tokens + 1e-8)
-        return {
+        counts = self._counts(self.counts)
+        signed = quantiles_from_counts(*signed_counts(counts), levels=tuple(SIGNED_KEYS.values()))
+        absolute = quantiles_from_counts(counts.sum(axis=0), bucket_values(), levels=tuple(ABS_KEYS.values()))
+        quantile = dict(zip([*SIGNED_KEYS, *ABS_KEYS], signed + absolute, strict=True))
+        valid_rows = s.get("valid_rows")
+        sum_w, sum_w_sq = s.get("sum_row_weight"), s.get("sum_row_weight_sq")
+        prob = self.prob.compute()
+        metrics: dict[str, float] = {
             "logprob_abs_diff_mean": s.get("sum_abs") / tokens,
-            "logprob_abs_diff_max": s.get("max_abs"),
+            "logprob_abs_diff_max": s.get("max_abs", math.nan),
             "token_mult_prob_error": s.get("sum_exp_abs") / tokens,
             "log_ratio_mean": s.get("sum_log_ratio") / tokens,
+            "log_ratio_median": _or_nan(quantile["log_ratio_p50"]),
             "log_ratio_neg_fraction": s.get("negative") / tokens,
+            **prob,
+        }
+        metrics.update({key: _or_nan(value) for key, value in quantile.items()})
+        metrics.update({
             # verl's ESS formula (1 / MM((w / MM(w))^2)) on raw, untruncated token ratios.
             "ess_token": (mean_ratio + 1e-8) ** 2 / mean_ratio_sq if mean_ratio_sq > 0 else math.nan,
+            "ess_seq_kish": sum_w * sum_w / (valid_rows * sum_w_sq) if valid_rows and sum_w_sq > 0 else math.nan,
             "sequences": s.get("rows"),
             "valid_tokens": s.get("tokens"),
             "empty_rows": s.get("empty_rows"),
             "nonfinite_tokens": s.get("nonfinite_tokens"),
             "sentinel_tokens": s.get("sentinel_tokens"),
+        })
+        return metrics
+
+    def quantiles(self) -> dict[str, object]:
+        """A richer quantile ladder of delta and |delta| for the report (keys are the levels as strings)."""
+        counts = self._counts(self.counts)
+        signed = quantiles_from_counts(*signed_counts(counts), levels=SIGNED_LEVELS)
+        absolute = quantiles_from_counts(counts.sum(axis=0), bucket_values(), levels=ABS_LEVELS)
+        rows = self._counts(self.row_counts)
+        row_signed = quantiles_from_counts(*signed_counts(rows), levels=SIGNED_LEVELS)
+        return {
+            "relative_error": SKETCH_RELATIVE_ERROR,
+            "log_ratio": {str(q): v for q, v in zip(SIGNED_LEVELS, signed, strict=True)},
+            "abs_log_ratio": {str(q): v for q, v in zip(ABS_LEVELS, absolute, strict=True)},
+            "sequence_log_ratio_sum": {str(q): v for q, v in zip(SIGNED_LEVELS, row_signed, strict=True)},
         }
+
+    def histograms(self) -> dict[str, object]:
+        """Compact histograms for the plots: delta per token, S_i per valid row, |delta| by position."""
+        return {
+            "log_ratio": signed_histogram(self._counts(self.counts)),
+            "sequence_log_ratio_sum": signed_histogram(self._counts(self.row_counts)),
+            "position": self.positions.compute(),
+        }
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+__all__ = ["DiagnosticsAccumulator", "PairSums", "PositionProfile", "bucket_values", "quantiles_from_counts",
+           "scratch", "signed_buckets", "signed_histogram"]
