@@ -1,0 +1,357 @@
+"""Two runs side by side: BASE is the reference, CANDIDATE is judged against it (pyperf / asv semantics).
+
+Each side is a finished `Report` (read from report.json, or analyzed from dumps first). A change is
+`~` (within noise) when the two 95 % bootstrap intervals overlap; otherwise it is `+` (worse) or
+`-` (better) by the metric's direction; `x` marks a metric only one side has, `!` a breached limit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mismatch_cli.errors import DataError
+from mismatch_cli.report import Report
+from mismatch_cli.thresholds import CheckResult, Rule, evaluate
+
+LOWER = "lower is better"
+HIGHER = "higher is better"
+CLOSER_TO_1 = "closer to 1"
+LOWER_ABS = "lower |x| is better"
+
+WORSE, BETTER, NOISE, BREACH, ONE_SIDE, CHANGED = "+", "-", "~", "!", "x", "*"
+MARKS = {
+    WORSE: "worse",
+    BETTER: "better",
+    NOISE: "within noise (the 95 % intervals overlap, or equal values)",
+    BREACH: "limit breached",
+    ONE_SIDE: "only on one side",
+    CHANGED: "changed, direction unknown",
+}
+
+# The headline metrics, in table order (others join when a rule names them, and veto fractions).
+HEADLINE = (
+    "rollout_corr/kl",
+    "rollout_corr/k3_kl",
+    "rollout_corr/chi2_token",
+    "rollout_corr/chi2_seq",
+    "rollout_corr/log_ppl_abs_diff",
+    "rollout_corr/ppl_ratio",
+    "diag/logprob_abs_diff_mean",
+    "diag/ess_token",
+    "diag/ess_seq_kish",
+    "rollout_corr/rollout_is_mean",
+    "rollout_corr/rollout_is_std",
+    "rollout_corr/rollout_is_eff_sample_size",
+    "rollout_corr/rollout_rs_masked_fraction",
+    "rollout_corr/rollout_rs_seq_masked_fraction",
+    # Older families (--semantics verl-0.6.0 / xtuner) name theirs `mismatch/...` (no intervals there).
+    "mismatch/mismatch_kl",
+    "mismatch/mismatch_k3_kl",
+    "mismatch/mismatch_log_ppl_abs_diff",
+    "mismatch/mismatch_ppl_ratio",
+    "mismatch/mismatch_logprob_abs_diff",
+    "mismatch/rollout_is_mean",
+    "mismatch/rollout_is_eff_sample_size",
+)
+
+# Suffix -> direction; the first match wins, so specific names come before generic ones.
+_DIRECTIONS = (
+    ("ess_token", HIGHER),
+    ("ess_seq_kish", HIGHER),
+    ("eff_sample_size", HIGHER),
+    ("is_mean", CLOSER_TO_1),
+    ("is_seq_mean", CLOSER_TO_1),
+    ("ppl_ratio", CLOSER_TO_1),
+    ("ratio_mean", CLOSER_TO_1),
+    ("/kl", LOWER_ABS),  # the k1 estimate is signed: |kl| is the size of the mismatch
+    ("/mismatch_kl", LOWER_ABS),
+    ("log_ppl_diff", LOWER_ABS),
+    ("log_ratio_mean", LOWER_ABS),
+    ("k3_kl", LOWER),
+    ("chi2_token", LOWER),
+    ("chi2_seq", LOWER),
+    ("abs_diff", LOWER),
+    ("abs_diff_mean", LOWER),
+    ("abs_diff_max", LOWER),
+    ("token_mult_prob_error", LOWER),
+    ("masked_fraction", LOWER),
+    ("veto_fraction", LOWER),
+    ("is_std", LOWER),
+    ("nonfinite_tokens", LOWER),
+    ("sentinel_tokens", LOWER),
+)
+
+
+def direction_of(metric: str) -> str | None:
+    """Which way is better for a metric, or None when the tool does not know."""
+    if "veto" in metric and "fraction" in metric:
+        return LOWER
+    for suffix, direction in _DIRECTIONS:
+        if metric.endswith(suffix):
+            return direction
+    return None
+
+
+def badness(value: float, direction: str) -> float:
+    """A number that grows as the metric gets worse."""
+    if direction == LOWER:
+        return value
+    if direction == HIGHER:
+        return -value
+    if direction == CLOSER_TO_1:
+        return abs(value - 1.0)
+    return abs(value)
+
+
+@dataclass
+class MetricRow:
+    """One metric on both sides."""
+
+    metric: str
+    base: float | None
+    candidate: float | None
+    direction: str | None
+    mark: str
+    base_interval: list[float] | None = None
+    candidate_interval: list[float] | None = None
+
+    @property
+    def change(self) -> float | None:
+        """candidate - base."""
+        if self.base is None or self.candidate is None:
+            return None
+        return self.candidate - self.base
+
+    @property
+    def relative(self) -> float | None:
+        """(candidate - base) / |base|, None when base is 0 or missing."""
+        change = self.change
+        if change is None or self.base == 0:
+            return None
+        return change / abs(self.base)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready mapping."""
+        return {"metric": self.metric, "base": self.base, "candidate": self.candidate, "change": self.change,
+                "relative_change": self.relative, "direction": self.direction, "mark": self.mark,
+                "base_interval": self.base_interval, "candidate_interval": self.candidate_interval}
+
+
+@dataclass
+class RoundRow:
+    """One round index on both sides (mean |delta| and k1 KL of the round)."""
+
+    round: int
+    base: dict[str, Any] | None
+    candidate: dict[str, Any] | None
+    mark: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready mapping."""
+        pick = ("tokens", "abs_diff_mean", "kl", "chi2_token")
+
+        def side(entry: dict[str, Any] | None) -> dict[str, Any] | None:
+            return None if entry is None else {k: entry.get(k) for k in pick}
+
+        return {"round": self.round, "base": side(self.base), "candidate": side(self.candidate), "mark": self.mark}
+
+
+@dataclass
+class Comparison:
+    """The side-by-side table, per-round rows, notes, and (with limits) the check result."""
+
+    base_label: str
+    candidate_label: str
+    rows: list[MetricRow]
+    rounds: list[RoundRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    check: CheckResult | None = None
+    has_intervals: bool = True
+
+    def counts(self) -> dict[str, int]:
+        """How many rows carry each mark."""
+        return {mark: sum(r.mark == mark for r in self.rows) for mark in MARKS}
+
+    def verdict(self) -> str:
+        """One line in asv's spirit: what changed beyond noise, and whether a limit broke."""
+        counts = self.counts()
+        worse = [r.metric for r in self.rows if r.mark == WORSE]
+        better = [r.metric for r in self.rows if r.mark == BETTER]
+        parts = [f"{counts[WORSE]} worse", f"{counts[BETTER]} better", f"{counts[NOISE]} within noise"]
+        for mark, words in ((BREACH, "breached"), (ONE_SIDE, "only on one side"), (CHANGED, "changed")):
+            if counts[mark]:
+                parts.append(f"{counts[mark]} {words}")
+        summary = ", ".join(parts)
+        if self.check is not None and self.check.exit_code == 1:
+            return f"verdict: FAIL - {len(self.check.breaches)} limit(s) breached ({summary}); " \
+                   f"worst: {self.check.breaches[0].message}"
+        if worse and better:
+            head = "MIXED - candidate changed beyond noise both ways"
+        elif worse:
+            head = f"WORSE - candidate is worse beyond noise on {', '.join(_short(m) for m in worse)}"
+        elif better:
+            head = f"BETTER - candidate is better beyond noise on {', '.join(_short(m) for m in better)}"
+        else:
+            head = "NO SIGNIFICANT CHANGE"
+        tail = "" if self.has_intervals else " (some changes judged without intervals; see the notes)"
+        return f"verdict: {head} ({summary}){tail}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready mapping."""
+        body: dict[str, Any] = {
+            "base": self.base_label,
+            "candidate": self.candidate_label,
+            "metrics": [r.to_dict() for r in self.rows],
+            "rounds": [r.to_dict() for r in self.rounds],
+            "notes": self.notes,
+            "verdict": self.verdict(),
+        }
+        if self.check is not None:
+            body["check"] = self.check.to_dict()
+        return body
+
+
+def _short(metric: str) -> str:
+    return metric.split("/", 1)[1] if metric.startswith("rollout_corr/") else metric
+
+
+def _value(report: Report, metric: str) -> float | None:
+    value = report.metrics.get(metric)
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _overlap(a: list[float] | None, b: list[float] | None) -> bool | None:
+    if not a or not b:
+        return None
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def _mark(base: float | None, candidate: float | None, direction: str | None, overlap: bool | None,
+          breached: bool) -> str:
+    if base is None or candidate is None:
+        return ONE_SIDE
+    if breached:
+        return BREACH
+    if overlap or base == candidate:
+        return NOISE
+    if direction is None:
+        return CHANGED
+    return WORSE if badness(candidate, direction) > badness(base, direction) else BETTER
+
+
+def _compare_rounds(base: Report, candidate: Report) -> list[RoundRow]:
+    if not base.rounds or not candidate.rounds or max(len(base.rounds), len(candidate.rounds)) < 2:
+        return []
+    rows = []
+    for k in range(max(len(base.rounds), len(candidate.rounds))):
+        b = base.rounds[k] if k < len(base.rounds) else None
+        c = candidate.rounds[k] if k < len(candidate.rounds) else None
+        bv = None if b is None else b.get("abs_diff_mean")
+        cv = None if c is None else c.get("abs_diff_mean")
+        rows.append(RoundRow(k, b, c, _mark(bv, cv, LOWER, None, False)))
+    return rows
+
+
+def _config_notes(base: Report, candidate: Report) -> list[str]:
+    ignore = {"device", "dtype", "by_step"}
+    keys = sorted((set(base.config) | set(candidate.config)) - ignore)
+    differing = [k for k in keys if base.config.get(k) != candidate.config.get(k)]
+    if not differing:
+        return []
+    shown = ", ".join(f"{k}: {base.config.get(k)!r} vs {candidate.config.get(k)!r}" for k in differing[:4])
+    return [f"the sides were analyzed with different corrections ({shown}); metrics of one family may be missing "
+            "on the other side"]
+
+
+def compare_reports(
+    base: Report,
+    candidate: Report,
+    rules: list[Rule] | None = None,
+    missing: str = "error",
+    base_label: str = "base",
+    candidate_label: str = "candidate",
+) -> Comparison:
+    """Compare two finished reports; with rules, hold the candidate to them (BASE is the baseline)."""
+    rules = rules or []
+    check = evaluate(rules, candidate, base, missing) if rules else None
+    breached = {o.metric for o in check.outcomes if o.status == "fail"} if check else set()
+    keys = [k for k in HEADLINE if k in base.metrics or k in candidate.metrics]
+    keys += [o.metric for o in (check.outcomes if check else []) if o.metric in base.metrics
+             or o.metric in candidate.metrics]
+    keys += sorted(k for k in set(base.metrics) | set(candidate.metrics)
+                   if k not in keys and "veto" in k and "fraction" in k)
+    keys = list(dict.fromkeys(keys))
+    common = [k for k in keys if _value(base, k) is not None and _value(candidate, k) is not None]
+    if not common:
+        raise DataError(
+            f"nothing to compare: {base_label} and {candidate_label} have no headline metric in common",
+            hint="compare two mismatch reports (report.json) or two dumps",
+        )
+    rows = []
+    for key in keys:
+        b, c = _value(base, key), _value(candidate, key)
+        bi, ci = base.intervals.get(key), candidate.intervals.get(key)
+        direction = direction_of(key)
+        rows.append(MetricRow(key, b, c, direction, _mark(b, c, direction, _overlap(bi, ci), key in breached),
+                              bi, ci))
+    notes = _config_notes(base, candidate)
+    unjudged = [r.metric for r in rows if r.base is not None and r.candidate is not None
+                and not (r.base_interval and r.candidate_interval)]
+    if unjudged:
+        shown = ", ".join(unjudged[:4]) + (f" and {len(unjudged) - 4} more" if len(unjudged) > 4 else "")
+        notes.append(f"no bootstrap intervals for {shown}: their changes are judged by direction alone "
+                     "(reports made with --bootstrap 0 or by an older version have none)")
+    return Comparison(base_label, candidate_label, rows, _compare_rounds(base, candidate), notes, check,
+                      not unjudged)
+
+
+def is_report_path(arg: str) -> bool:
+    """Whether a side names a report (a .json path, or a folder holding report.json and no dump)."""
+    if arg.lower().endswith(".json"):
+        return True
+    if os.path.isdir(arg) and os.path.isfile(os.path.join(arg, "report.json")):
+        for _root, _dirs, files in os.walk(arg):
+            if any(f.endswith((".parquet", ".safetensors")) for f in files):
+                return False
+        return True
+    return False
+
+
+def load_side(arg: str, analyze: Callable[[list[str]], Report]) -> tuple[Report, bool]:
+    """A side's report: read back from report.json, or analyzed from its dumps; and whether it was a report."""
+    if is_report_path(arg):
+        path = arg if os.path.isfile(arg) else os.path.join(arg, "report.json")
+        return Report.load(path), True
+    return analyze([arg]), False
+
+
+def correction_notes(label: str, report: Report, requested: dict[str, Any]) -> list[str]:
+    """Warn when a report side was made with another correction than the flags ask for."""
+    differing = [k for k, v in requested.items() if k in report.config and report.config[k] != v]
+    if not differing:
+        return []
+    return [f"{label} is a report analyzed with {', '.join(f'{k}={report.config[k]!r}' for k in differing[:3])}; "
+            "correction flags do not apply to a report (re-analyze its dumps to change them)"]
+
+
+__all__ = [
+    "CLOSER_TO_1",
+    "HEADLINE",
+    "HIGHER",
+    "LOWER",
+    "LOWER_ABS",
+    "MARKS",
+    "Comparison",
+    "MetricRow",
+    "RoundRow",
+    "badness",
+    "compare_reports",
+    "correction_notes",
+    "direction_of",
+    "is_report_path",
+    "load_side",
+]

@@ -1,0 +1,340 @@
+"""Render a Comparison (terminal table, Markdown, JSON, overlaid plots) and a CheckResult (tables)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from mismatch_cli.compare import MARKS, Comparison, MetricRow
+from mismatch_cli.render.sections import format_value
+from mismatch_cli.report import Report
+from mismatch_cli.thresholds import CheckResult
+
+COLUMNS = ["", "metric", "base", "base 95% CI", "candidate", "candidate 95% CI", "change", "rel.", "better"]
+ROUND_COLUMNS = ["", "round", "base tokens", "cand. tokens", "base mean |d|", "cand. mean |d|", "change", "rel.",
+                 "base k1 KL", "cand. k1 KL"]
+_STYLES = {"+": "red", "!": "bold red", "-": "green", "x": "yellow"}
+
+
+def _interval(interval: list[float] | None) -> str:
+    if not interval:
+        return "-"
+    return f"[{format_value(interval[0], 5)}, {format_value(interval[1], 5)}]"
+
+
+def _signed(value: float | None) -> str:
+    if value is None:
+        return "-"
+    text = format_value(value, 4)
+    return text if text.startswith("-") or value == 0 else "+" + text
+
+
+def _percent(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value * 100:+.3g}%"
+
+
+def metric_cells(row: MetricRow) -> list[str]:
+    """One table row of cells."""
+    return [
+        row.mark,
+        row.metric,
+        format_value(row.base, 6) if row.base is not None else "-",
+        _interval(row.base_interval),
+        format_value(row.candidate, 6) if row.candidate is not None else "-",
+        _interval(row.candidate_interval),
+        _signed(row.change),
+        _percent(row.relative),
+        row.direction or "?",
+    ]
+
+
+def round_cells(comparison: Comparison) -> list[list[str]]:
+    """One row of cells per round index."""
+    rows = []
+    for r in comparison.rounds:
+        b, c = r.base or {}, r.candidate or {}
+        bv, cv = b.get("abs_diff_mean"), c.get("abs_diff_mean")
+        change = None if bv is None or cv is None else cv - bv
+        rel = None if change is None or not bv else change / abs(bv)
+        rows.append([
+            r.mark, f"r{r.round}",
+            format_value(b.get("tokens")) if r.base else "-", format_value(c.get("tokens")) if r.candidate else "-",
+            format_value(bv, 4) if r.base else "-", format_value(cv, 4) if r.candidate else "-",
+            _signed(change), _percent(rel),
+            format_value(b.get("kl"), 4) if r.base else "-", format_value(c.get("kl"), 4) if r.candidate else "-",
+        ])
+    return rows
+
+
+def legend(comparison: Comparison) -> str:
+    """The marks that appear, in words."""
+    used = [m for m in MARKS if any(r.mark == m for r in comparison.rows)]
+    return "marks: " + "; ".join(f"{m} {MARKS[m]}" for m in used) if used else ""
+
+
+def _table(title: str, columns: list[str], rows: list[list[str]]) -> Table:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, title_style="bold",
+                  pad_edge=False, collapse_padding=True)
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i <= 1 or column == "better" else "right", no_wrap=i <= 1,
+                         overflow="fold")
+    for cells in rows:
+        table.add_row(*[escape(c) for c in cells], style=_STYLES.get(cells[0]))
+    return table
+
+
+TERMINAL_COLUMNS = ["", "metric", "base [95% CI]", "candidate [95% CI]", "change", "better"]
+_SHORT_DIRECTION = {"lower is better": "lower", "higher is better": "higher", "closer to 1": "closer to 1",
+                    "lower |x| is better": "lower |x|"}
+
+
+def terminal_cells(row: MetricRow) -> list[str]:
+    """A compact row for the terminal: each value with its interval below it, change with its percentage."""
+    def side(value: float | None, interval: list[float] | None) -> str:
+        if value is None:
+            return "-"
+        return format_value(value, 5) + ("\n" + _interval(interval) if interval else "")
+
+    relative = _percent(row.relative)
+    change = _signed(row.change) + ("" if relative == "-" else "\n" + relative)
+    name = row.metric[len("rollout_corr/"):] if row.metric.startswith("rollout_corr/") else row.metric
+    return [row.mark, name, side(row.base, row.base_interval), side(row.candidate, row.candidate_interval), change,
+            _SHORT_DIRECTION.get(row.direction or "", row.direction or "?")]
+
+
+def render_compare_table(comparison: Comparison, console: Console) -> None:
+    """Print the side-by-side table, the per-round table, notes and the legend (not the verdict)."""
+    title = f"mismatch compare: base {comparison.base_label} vs candidate {comparison.candidate_label}"
+    console.print(_table(title, TERMINAL_COLUMNS, [terminal_cells(r) for r in comparison.rows]))
+    console.print("rollout_corr/ keys are shown without their prefix. " + legend(comparison), highlight=False,
+                  markup=False)
+    if comparison.rounds:
+        console.print()
+        console.print(_table("Per round (round k = k-th run of 1s in the mask)", ROUND_COLUMNS,
+                             round_cells(comparison)))
+    if comparison.check is not None:
+        console.print()
+        console.print(_table("Limits", ["", "rule", "value", "baseline", "status"], check_cells(comparison)))
+    for note in comparison.notes:
+        console.print(f"note: {note}", highlight=False, markup=False)
+
+
+def check_cells(comparison: Comparison) -> list[list[str]]:
+    """One row per rule of the comparison's limits."""
+    assert comparison.check is not None
+    return [row[:4] + [row[5]] for row in outcome_cells(comparison.check)]
+
+
+CHECK_COLUMNS = ["", "rule", "value", "baseline", "limit", "status", "detail"]
+_STATUS_MARK = {"fail": "!", "error": "x", "warn": "x", "skip": "", "pass": ""}
+
+
+def outcome_cells(result: CheckResult) -> list[list[str]]:
+    """One row per rule: mark, rule, value, baseline, limit, status, detail."""
+    def number(value: float | None) -> str:
+        return "-" if value is None else format_value(value, 6)
+
+    return [[_STATUS_MARK[o.status], o.rule.text, number(o.value), number(o.baseline), number(o.bound),
+             o.status, o.message] for o in result.outcomes]
+
+
+def render_check_table(result: CheckResult, console: Console, title: str) -> None:
+    """Print one row per rule, then why any rule was not evaluated (the verdict is the caller's, on stderr)."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, title_style="bold",
+                  pad_edge=False, collapse_padding=True)
+    for column in CHECK_COLUMNS[:-1]:
+        table.add_column(column, justify="right" if column in ("value", "baseline", "limit") else "left",
+                         overflow="fold", no_wrap=column in ("", "rule", "status"))
+    for cells in outcome_cells(result):
+        table.add_row(*[escape(c) for c in cells[:-1]], style=_STYLES.get(cells[0]))
+    console.print(table)
+    for outcome in result.outcomes:
+        if outcome.status in ("error", "warn", "skip"):
+            console.print(f"{outcome.status}: {outcome.rule.text}: {outcome.message}", highlight=False, markup=False)
+
+
+def render_check_markdown(result: CheckResult, title: str) -> str:
+    """The rule table and verdict as Markdown."""
+    lines = [f"## {title}", ""] + markdown_table(CHECK_COLUMNS, outcome_cells(result))
+    return "\n".join(lines + ["", f"**{_md_escape(result.verdict())}**", ""])
+
+
+def _md_escape(cell: str) -> str:
+    return cell.replace("|", "\\|")
+
+
+def markdown_table(columns: list[str], rows: list[list[str]]) -> list[str]:
+    """GitHub-flavoured Markdown table lines."""
+    lines = ["| " + " | ".join(c or "mark" for c in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def render_compare_markdown(comparison: Comparison) -> str:
+    """The comparison as Markdown (for PR comments and step summaries)."""
+    lines = [f"## mismatch compare: `{comparison.base_label}` (base) vs `{comparison.candidate_label}` (candidate)",
+             ""]
+    lines += markdown_table(COLUMNS, [metric_cells(r) for r in comparison.rows]) + [""]
+    if legend(comparison):
+        lines += [_md_escape(legend(comparison)), ""]
+    if comparison.rounds:
+        lines += ["### Per round", ""] + markdown_table(ROUND_COLUMNS, round_cells(comparison)) + [""]
+    if comparison.check is not None:
+        lines += ["### Limits", ""] + markdown_table(["", "rule", "value", "baseline", "status"],
+                                                      check_cells(comparison)) + [""]
+    lines += [f"- note: {_md_escape(n)}" for n in comparison.notes]
+    lines += ["", f"**{_md_escape(comparison.verdict())}**", ""]
+    return "\n".join(lines)
+
+
+def render_compare_json(comparison: Comparison) -> str:
+    """The comparison as strict JSON."""
+    return json.dumps(_finite(comparison.to_dict()), indent=2, allow_nan=False) + "\n"
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+# -------------------------------------------------------------------------------------------------- plots
+
+
+def _histogram(report: Report) -> tuple[list[float], list[float]] | None:
+    """The report's histogram of delta = old - rollout as (signed edges, fractions), when analyze stored one.
+
+    Accepts {edges, counts} over delta, or analyze's magnitude form {edges, negative, positive, zero}
+    (bins of |delta| on each side of 0).
+    """
+    entry = (report.histograms or {}).get("log_ratio")
+    if not isinstance(entry, dict) or not entry.get("edges"):
+        return None
+    edges = [float(e) for e in entry["edges"]]
+    if "counts" in entry:
+        counts = [float(c) for c in entry["counts"]]
+    elif "negative" in entry and "positive" in entry:
+        edges = [-e for e in reversed(edges)] + edges
+        counts = ([float(c) for c in reversed(entry["negative"])] + [float(entry.get("zero", 0))]
+                  + [float(c) for c in entry["positive"]])
+    else:
+        return None
+    total = sum(counts)
+    if len(edges) != len(counts) + 1 or total <= 0:
+        return None
+    return edges, [c / total for c in counts]
+
+
+def write_compare_plots(comparison: Comparison, base: Report, candidate: Report, out_dir: Path) -> list[Path]:
+    """Overlaid plots of both sides into out_dir; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    labels = (f"base: {comparison.base_label}", f"candidate: {comparison.candidate_label}")
+    colors = ("#4477aa", "#ee6677")
+
+    rows = [r for r in comparison.rows if r.base is not None and r.candidate is not None]
+    if rows:
+        cols = 3
+        nrows = -(-len(rows) // cols)
+        fig, axes = plt.subplots(nrows, cols, figsize=(11, 1.9 * nrows), squeeze=False)
+        for ax, row in zip(axes.flat, rows, strict=False):
+            for y, (value, interval, color) in enumerate(((row.base, row.base_interval, colors[0]),
+                                                           (row.candidate, row.candidate_interval, colors[1]))):
+                if interval:
+                    ax.plot(interval, [y, y], color=color, linewidth=3, alpha=0.5)
+                ax.plot([value], [y], "o", color=color)
+            ax.set_yticks([0, 1], ["base", "cand."])
+            ax.set_ylim(-0.6, 1.6)
+            ax.set_title(f"{row.mark} {row.metric}", fontsize=8)
+            ax.tick_params(axis="x", labelsize=7)
+            ax.xaxis.set_major_locator(MaxNLocator(4))
+        for ax in list(axes.flat)[len(rows):]:
+            ax.axis("off")
+        fig.suptitle("Headline metrics with 95 % bootstrap intervals", fontsize=10)
+        fig.tight_layout()
+        path = out_dir / "compare_metrics.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+    hists = _histogram(base), _histogram(candidate)
+    if hists[0] and hists[1]:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for (edges, fractions), label, color in zip(hists, labels, colors, strict=True):
+            ax.stairs(fractions, edges, label=label, color=color, linewidth=1.5)
+        magnitudes = [abs(e) for h in hists for e in h[0] if e != 0]
+        low, high = math.floor(math.log10(min(magnitudes))), math.ceil(math.log10(max(magnitudes)))
+        ax.set_xscale("symlog", linthresh=10.0**low)
+        step = max(1, (high - low) // 4)  # about five labelled decades per side
+        decades = [10.0**k for k in range(high, low - 1, -step)]
+        ax.set_xticks([-d for d in decades] + [0.0] + decades[::-1],
+                      [f"-1e{round(math.log10(d))}" for d in decades] + ["0"]
+                      + [f"1e{round(math.log10(d))}" for d in decades[::-1]], fontsize=7)
+        ax.set_yscale("log")
+        ax.set_xlabel("delta = old_log_probs - rollout_log_probs")
+        ax.set_ylabel("fraction of valid tokens")
+        ax.legend(fontsize=8)
+        ax.set_title("Distribution of the log-ratio, both runs")
+        fig.tight_layout()
+        path = out_dir / "compare_log_ratio_hist.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+    if comparison.rounds:
+        fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * len(comparison.rounds) + 2), 3.5))
+        width = 0.4
+        for offset, side, label, color in ((-width / 2, "base", labels[0], colors[0]),
+                                           (width / 2, "candidate", labels[1], colors[1])):
+            xs, ys = [], []
+            for r in comparison.rounds:
+                entry = getattr(r, side)
+                if entry is not None and entry.get("abs_diff_mean") is not None:
+                    xs.append(r.round + offset)
+                    ys.append(entry["abs_diff_mean"])
+            ax.bar(xs, ys, width=width, label=label, color=color)
+        ax.set_xticks([r.round for r in comparison.rounds], [f"r{r.round}" for r in comparison.rounds])
+        ax.set_ylabel("mean |delta|")
+        ax.set_title("Per-round divergence, both runs")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / "compare_rounds.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+__all__ = [
+    "terminal_cells",
+    "check_cells",
+    "outcome_cells",
+    "render_check_markdown",
+    "render_check_table",
+    "legend",
+    "markdown_table",
+    "metric_cells",
+    "render_compare_json",
+    "render_compare_markdown",
+    "render_compare_table",
+    "write_compare_plots",
+]

@@ -1,0 +1,47 @@
+"""GitHub Actions output: `::error` / `::warning` annotations (capped, worst first) and a step-summary table."""
+
+from __future__ import annotations
+
+from mismatch_cli.render.sections import format_value
+from mismatch_cli.thresholds import CheckResult
+
+MAX_ANNOTATIONS = 10
+TITLE = "mismatch check"
+
+
+def _escape_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def annotations(result: CheckResult, limit: int = MAX_ANNOTATIONS) -> list[str]:
+    """Workflow-command lines: breaches worst first as errors, then unevaluated rules, then warnings."""
+    ordered = [("error", o) for o in result.breaches]
+    ordered += [("error", o) for o in result.outcomes if o.status == "error"]
+    ordered += [("warning", o) for o in result.outcomes if o.status == "warn"]
+    lines = [f"::{level} title={_escape_property(TITLE)}::{_escape_data(o.rule.text + ': ' + o.message)}"
+             for level, o in ordered[:limit]]
+    if len(ordered) > limit:
+        lines.append(f"::notice title={_escape_property(TITLE)}::{len(ordered) - limit} more finding(s) "
+                     "not annotated; see the job summary")
+    return lines
+
+
+def step_summary(result: CheckResult, input_label: str, baseline_label: str | None) -> str:
+    """A Markdown block for $GITHUB_STEP_SUMMARY."""
+    icon = {"pass": "pass", "fail": "**FAIL**", "error": "**error**", "warn": "warning", "skip": "skipped"}
+    lines = ["### mismatch check", "", f"input: `{input_label}`" + (f", baseline: `{baseline_label}`"
+                                                                    if baseline_label else ""), ""]
+    lines += ["| status | rule | value | baseline | detail |", "|---|---|---|---|---|"]
+    for o in result.outcomes:
+        cells = [icon[o.status], f"`{o.rule.text}`", format_value(o.value, 6) if o.value is not None else "-",
+                 format_value(o.baseline, 6) if o.baseline is not None else "-", o.message]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    lines += ["", f"**{result.verdict()}**", ""]
+    return "\n".join(lines)
+
+
+__all__ = ["MAX_ANNOTATIONS", "annotations", "step_summary"]

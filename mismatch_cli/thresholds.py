@@ -1,0 +1,272 @@
+"""CI limits: parse rules (`kl<=0.01`, `chi2_token:+10%`), load `[check]` from TOML, evaluate against reports.
+
+Rules are evaluated on finished reports only; nothing here touches a dump or torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mismatch_cli.errors import UsageError
+from mismatch_cli.report import Report
+
+MISSING_POLICIES = ("error", "warn", "skip")
+VERL_PREFIX = "rollout_corr/"
+_UNSIGNED = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
+_NUMBER = rf"[+-]?{_UNSIGNED}"
+_ABSOLUTE = re.compile(rf"^\s*(?P<metric>[^\s<>=:]+)\s*(?P<op><=|>=|<|>)\s*(?P<value>{_NUMBER})\s*$")
+_RELATIVE = re.compile(
+    rf"^\s*(?P<metric>[^\s<>=:]+)\s*:\s*(?P<sign>\+/-|\+-|±|\+|-)\s*(?P<value>{_UNSIGNED})\s*(?P<pct>%)?\s*$"
+)
+RULE_GRAMMAR = (
+    "METRIC<=X, METRIC>=X, METRIC<X, METRIC>X (absolute), or METRIC:+N% / METRIC:-N% / METRIC:±N% "
+    "(relative to the baseline; without % the change is absolute), e.g. rollout_corr/kl<=0.01, "
+    "rollout_corr/chi2_token:+10%"
+)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One limit on one metric: absolute (`op` is <=, >=, < or >) or relative to a baseline (`op` is +, - or ±)."""
+
+    text: str
+    metric: str
+    op: str
+    value: float
+    percent: bool = False
+    origin: str = "--fail-on"
+
+    @property
+    def relative(self) -> bool:
+        """Whether the rule needs a baseline."""
+        return self.op in ("+", "-", "±")
+
+    def describe(self) -> str:
+        """The rule in words."""
+        if not self.relative:
+            return f"{self.metric} {self.op} {self.value:g}"
+        amount = f"{self.value:g}%" if self.percent else f"{self.value:g}"
+        verb = {"+": "may grow by at most", "-": "may drop by at most", "±": "may change by at most"}[self.op]
+        return f"{self.metric} {verb} {amount} vs baseline"
+
+
+def parse_rule(text: str, origin: str = "--fail-on") -> Rule:
+    """Parse one rule; a malformed rule is a usage error (exit 2)."""
+    match = _ABSOLUTE.match(text)
+    if match:
+        return Rule(text.strip(), match["metric"], match["op"], float(match["value"]), origin=origin)
+    match = _RELATIVE.match(text)
+    if match:
+        sign = "±" if match["sign"] in ("+/-", "+-", "±") else match["sign"]
+        value = float(match["value"])
+        if not math.isfinite(value):
+            raise UsageError(f"{origin}: rule '{text}' has a non-finite limit", hint=f"write {RULE_GRAMMAR}")
+        return Rule(text.strip(), match["metric"], sign, value, percent=match["pct"] is not None, origin=origin)
+    raise UsageError(f"{origin}: cannot parse rule '{text}'", hint=f"write {RULE_GRAMMAR}")
+
+
+@dataclass
+class CheckConfig:
+    """The `[check]` table: rules, an optional baseline and the missing-metric policy."""
+
+    rules: list[Rule] = field(default_factory=list)
+    baseline: str | None = None
+    missing: str | None = None
+
+
+CHECK_KEYS = ("fail_on", "baseline", "missing")
+
+
+def load_check_config(path: Path | None) -> CheckConfig:
+    """Read `[check]` (or `[tool.mismatch.check]`) from a TOML file; no file means no rules."""
+    if path is None:
+        return CheckConfig()
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise UsageError(f"cannot read config {path}: {exc.strerror}", hint="check the --config path") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: invalid TOML: {exc}", hint="fix the TOML syntax") from None
+    table = data.get("check", data.get("tool", {}).get("mismatch", {}).get("check", {}))
+    if not isinstance(table, dict):
+        raise UsageError(f"{path}: [check] must be a table", hint="see the README's [check] example")
+    unknown = sorted(set(table) - set(CHECK_KEYS) - {"fail-on"})
+    if unknown:
+        raise UsageError(f"{path}: unknown key(s) in [check]: {', '.join(unknown)}",
+                         hint=f"[check] takes {', '.join(CHECK_KEYS)}")
+    raw_rules = table.get("fail_on", table.get("fail-on", []))
+    if isinstance(raw_rules, str):
+        raw_rules = [raw_rules]
+    if not isinstance(raw_rules, list) or not all(isinstance(r, str) for r in raw_rules):
+        raise UsageError(f"{path}: [check] fail_on must be a list of strings",
+                         hint='e.g. fail_on = ["rollout_corr/kl<=0.01"]')
+    baseline = table.get("baseline")
+    if baseline is not None and not isinstance(baseline, str):
+        raise UsageError(f"{path}: [check] baseline must be a path string", hint='e.g. baseline = "ci/report.json"')
+    if baseline is not None and not Path(baseline).is_absolute():
+        baseline = str(Path(path).parent / baseline)  # relative to the config file, as pyproject tools do
+    missing = table.get("missing")
+    if missing is not None and missing not in MISSING_POLICIES:
+        raise UsageError(f"{path}: [check] missing must be one of {', '.join(MISSING_POLICIES)}, got {missing!r}",
+                         hint='e.g. missing = "warn"')
+    return CheckConfig([parse_rule(r, origin=str(path)) for r in raw_rules], baseline, missing)
+
+
+# ----------------------------------------------------------------------------------------------- evaluation
+
+
+@dataclass
+class Outcome:
+    """How one rule fared: `pass`, `fail`, `error` (could not be evaluated), `warn` or `skip` (per --missing)."""
+
+    rule: Rule
+    status: str
+    metric: str = ""  # the report key the rule was held to (rollout_corr/ added when the rule left it out)
+    value: float | None = None
+    baseline: float | None = None
+    bound: float | None = None  # the limit the value was held to
+    message: str = ""
+    severity: float = 0.0  # how far past the bound, relative to its scale (orders breaches worst first)
+    exit_code: int = 0  # for `error`: 2 (the rule is wrong for this data) or 3 (the data lacks a value)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready mapping."""
+        return {"rule": self.rule.text, "metric": self.metric or self.rule.metric, "status": self.status,
+                "value": self.value, "baseline": self.baseline, "bound": self.bound, "message": self.message,
+                "origin": self.rule.origin}
+
+
+@dataclass
+class CheckResult:
+    """Every rule's outcome and the exit code they add up to."""
+
+    outcomes: list[Outcome]
+
+    @property
+    def breaches(self) -> list[Outcome]:
+        """Failed rules, worst first."""
+        return sorted((o for o in self.outcomes if o.status == "fail"), key=lambda o: -o.severity)
+
+    @property
+    def exit_code(self) -> int:
+        """1 on any breach (a breach wins over a data error), else 2 / 3 for rules that could not be evaluated."""
+        if any(o.status == "fail" for o in self.outcomes):
+            return 1
+        codes = [o.exit_code for o in self.outcomes if o.status == "error"]
+        return min(codes) if codes else 0
+
+    def verdict(self) -> str:
+        """One line: PASS, FAIL or ERROR, with counts and the worst breach."""
+        counts = {s: sum(o.status == s for o in self.outcomes) for s in ("pass", "fail", "error", "warn", "skip")}
+        total = len(self.outcomes)
+        tail = ", ".join(f"{n} {s if s != 'warn' else 'warned'}" for s, n in counts.items() if n and s != "pass")
+        tail = f" ({tail})" if tail else ""
+        if counts["fail"]:
+            worst = self.breaches[0]
+            return (f"mismatch check: FAIL - {counts['fail']} of {total} rule(s) breached{tail}; "
+                    f"worst: {worst.message}")
+        if counts["error"]:
+            first = next(o for o in self.outcomes if o.status == "error")
+            return f"mismatch check: ERROR - {counts['error']} of {total} rule(s) not evaluated{tail}; {first.message}"
+        return f"mismatch check: PASS - {counts['pass']} of {total} rule(s) passed{tail}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready mapping."""
+        return {"verdict": self.verdict(), "exit_code": self.exit_code, "rules": [o.to_dict() for o in self.outcomes]}
+
+
+def _suggest(metric: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(metric, known, n=3, cutoff=0.5)
+    if close:
+        return f"did you mean {', '.join(close)}?"
+    return "run `mismatch analyze --format json` to list the metrics"
+
+
+def _missing(rule: Rule, policy: str, message: str, code: int) -> Outcome:
+    return Outcome(rule, policy, rule.metric, message=message, exit_code=code if policy == "error" else 0)
+
+
+def _bound(rule: Rule, base: float) -> tuple[float | None, float | None]:
+    """(upper, lower) limits a relative rule puts on the candidate."""
+    amount = abs(base) * rule.value / 100.0 if rule.percent else rule.value
+    upper = base + amount if rule.op in ("+", "±") else None
+    lower = base - amount if rule.op in ("-", "±") else None
+    return upper, lower
+
+
+def evaluate_rule(rule: Rule, candidate: Report, baseline: Report | None, missing: str = "error") -> Outcome:
+    """Hold the candidate's value of one metric to one rule."""
+    metric = rule.metric
+    if metric not in candidate.metrics and VERL_PREFIX + metric in candidate.metrics:
+        metric = VERL_PREFIX + metric  # `kl<=0.01` means rollout_corr/kl
+    if metric not in candidate.metrics:
+        return _missing(rule, missing, f"unknown metric {metric} (not in the input's report); "
+                        f"{_suggest(metric, sorted(candidate.metrics))}", 2)
+    value = candidate.metrics[metric]
+    if value is None or not math.isfinite(value):
+        return _missing(rule, missing, f"{metric} is null in the input (undefined for this data)", 3)
+    if not rule.relative:
+        limit = rule.value
+        ok = {"<=": value <= limit, ">=": value >= limit, "<": value < limit, ">": value > limit}[rule.op]
+        scale = max(abs(limit), 1e-12)
+        return Outcome(rule, "pass" if ok else "fail", metric, value=value, bound=limit,
+                       severity=0.0 if ok else abs(value - limit) / scale,
+                       message=f"{metric} = {value:.6g} {'satisfies' if ok else 'breaches'} {rule.op} {limit:g}")
+    if baseline is None:  # callers refuse relative rules without a baseline up front
+        return Outcome(rule, "error", metric, value=value, message=f"{rule.text} needs --baseline", exit_code=2)
+    base = baseline.metrics.get(metric)
+    if base is None or not math.isfinite(base):
+        what = "has no" if metric not in baseline.metrics else "has a null"
+        return _missing(rule, missing, f"the baseline {what} {metric}", 3)
+    upper, lower = _bound(rule, base)
+    over = upper is not None and value > upper
+    under = lower is not None and value < lower
+    bound = upper if over or lower is None else lower
+    scale = max(abs(bound - base), abs(base) * 1e-9, 1e-12)
+    change = (value - base) / abs(base) * 100.0 if base else math.inf if value != base else 0.0
+    change_text = f"{change:+.3g}%" if math.isfinite(change) else f"{value - base:+.3g}"
+    if over or under:
+        severity = (value - upper) / scale if over else (lower - value) / scale
+        return Outcome(rule, "fail", metric, value, base, bound, severity=float(severity),
+                       message=f"{metric} = {value:.6g} vs baseline {base:.6g} ({change_text}) breaches "
+                       f"{rule.text.split(':', 1)[1].strip()} (limit {bound:.6g})")
+    return Outcome(rule, "pass", metric, value, base, bound,
+                   message=f"{metric} = {value:.6g} vs baseline {base:.6g} ({change_text}) within "
+                   f"{rule.text.split(':', 1)[1].strip()}")
+
+
+def evaluate(rules: list[Rule], candidate: Report, baseline: Report | None, missing: str = "error") -> CheckResult:
+    """Evaluate every rule against the candidate (and the baseline for relative rules)."""
+    return CheckResult([evaluate_rule(rule, candidate, baseline, missing) for rule in rules])
+
+
+def require_baseline(rules: list[Rule], baseline: str | None) -> None:
+    """Refuse relative rules when no baseline is given (exit 2, before any input is read)."""
+    relative = [r.text for r in rules if r.relative]
+    if relative and baseline is None:
+        raise UsageError(f"relative rule(s) {', '.join(relative)} need a baseline",
+                         hint="pass --baseline REPORT (or baseline = \"...\" in [check])")
+
+
+__all__ = [
+    "MISSING_POLICIES",
+    "CheckConfig",
+    "CheckResult",
+    "Outcome",
+    "Rule",
+    "evaluate",
+    "evaluate_rule",
+    "load_check_config",
+    "parse_rule",
+    "require_baseline",
+]
