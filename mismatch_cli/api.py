@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
 from mismatch_cli import __version__
 from mismatch_cli.config import CorrectionConfig, ResolvedCorrection, resolve
+from mismatch_cli.errors import UsageError
 from mismatch_cli.health import summarize
 from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, iter_batches, sha256_file
 from mismatch_cli.report import TOOL_NAME, InputSummary, Report
@@ -35,23 +37,47 @@ def analyze(
     device: str = "auto",
     dtype: str = "float32",
     by_step: bool = False,
+    group_by: Sequence[str] = (),
     hash_inputs: bool = True,
     rounds: bool = True,
+    bootstrap: int = 200,
+    on_batch: Callable[[Any], None] | None = None,
 ) -> Report:
-    """Read dumps, run verl's rollout correction over them as one batch, and build the report."""
+    """Read dumps, run verl's rollout correction over them as one batch, and build the report.
+
+    `on_batch`, when given, sees every Batch as it is read (e.g. to drive a progress bar).
+    """
     from mismatch_cli.engine.runner import run  # torch is imported only when analysis really runs
 
     correction = correction or CorrectionConfig()
     resolved = resolve(correction)
     read_options = read_options or ReadOptions()
-    files = discover_inputs(paths)
+    # `--by step` is the per-step breakdown; any other name is a group column the readers attach.
+    by_step = by_step or "step" in group_by
+    group_by = tuple(column for column in dict.fromkeys(group_by) if column != "step")
+    if group_by:
+        read_options = replace(read_options, group_columns=tuple(dict.fromkeys([*read_options.group_columns,
+                                                                                 *group_by])))
+    files = discover_inputs(paths, read_options.input_format)
+    if bootstrap < 0:
+        raise UsageError(f"--bootstrap must be >= 0, got {bootstrap}", hint="use 200 (default) or 0 to disable")
     with ThreadPoolExecutor(max_workers=1) as pool:
         # Hash in the background: hashlib releases the GIL, so this overlaps with decoding.
         hashes = {f.path: pool.submit(sha256_file, f.path) for f in files} if hash_inputs else {}
-        result = run(iter_batches(files, read_options), resolved, device=device, dtype=dtype, by_step=by_step,
-                     source_names=tuple(f.path for f in files), rounds=rounds)
+        batches = iter_batches(files, read_options)
+        if on_batch is not None:
+            batches = _observed(batches, on_batch)
+        result = run(batches, resolved, device=device, dtype=dtype, by_step=by_step,
+                     source_names=tuple(f.path for f in files), rounds=rounds, group_by=group_by,
+                     bootstrap=bootstrap)
         digests = {path: future.result() for path, future in hashes.items()}
-    return build_report(files, digests, result, correction, resolved, by_step)
+    return build_report(files, digests, result, correction, resolved, by_step, group_by=group_by)
+
+
+def _observed(batches: Any, on_batch: Callable[[Any], None]) -> Iterator[Any]:
+    for batch in batches:
+        on_batch(batch)
+        yield batch
 
 
 def build_report(
@@ -61,6 +87,7 @@ def build_report(
     correction: CorrectionConfig,
     resolved: ResolvedCorrection,
     by_step: bool,
+    group_by: Sequence[str] = (),
 ) -> Report:
     """Assemble the report from the engine's result (no computation over tokens happens here)."""
     inputs = []
@@ -81,12 +108,18 @@ def build_report(
             )
         )
     warnings = _warnings(result, resolved, by_step)
-    data_quality = _data_quality(result)
+    data_quality = _data_quality(result, files)
     for key in QUALITY_KEYS:
         count = data_quality["totals"].get(key, 0)
         if count:
-            warnings.append(f"{count} {QUALITY_WARNINGS[key]}")
-    config = {**correction.to_dict(), "device": result.device, "dtype": result.dtype, "by_step": by_step}
+            warnings.append(f"{count} {QUALITY_WARNINGS[key]}{_first_example(data_quality, key)}")
+    for f in files:
+        warnings.extend(f"{f.path}: {note}" for note in f.notes)
+    groups = _groups(result, group_by)
+    for column, entries in groups.items():
+        warnings.extend(f"{column}={entry['group']}: {note}" for entry in entries for note in entry["notes"])
+    config = {**correction.to_dict(), "device": result.device, "dtype": result.dtype, "by_step": by_step,
+              "group_by": list(group_by)}
     steps = [
         {
             "step": step,
@@ -105,18 +138,56 @@ def build_report(
         metrics=result.overall.metrics,
         summary=summarize(result.overall.metrics),
         steps=steps,
+        groups=groups,
         rounds=result.overall.rounds,
         rounds_from_end=result.overall.rounds_from_end,
+        quantiles=result.overall.quantiles,
+        histograms=result.overall.histograms,
+        worst_sequences=result.overall.worst_sequences,
+        what_if=result.overall.what_if,
+        intervals=result.overall.intervals,
         data_quality=data_quality,
         warnings=warnings,
     )
 
 
-def _data_quality(result: Any) -> dict[str, Any]:
+def _groups(result: Any, group_by: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    """`--by COLUMN` results as the report stores them: one entry per value, like `steps`."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for column in group_by:
+        groups[column] = [
+            {
+                "group": label,
+                "valid_tokens": batch.valid_tokens,
+                "metrics": batch.metrics,
+                "rounds": batch.rounds,
+                "notes": batch.notes,
+            }
+            for label, batch in getattr(result, "groups", {}).get(column, {}).items()
+        ]
+    return groups
+
+
+def _first_example(data_quality: dict[str, Any], key: str) -> str:
+    for counts in data_quality["files"].values():
+        examples = counts.get("examples", {}).get(key)
+        if examples:
+            first = examples[0]
+            return f" (first: {first['file']} row {first['row']} position {first['position']})"
+    return ""
+
+
+def _data_quality(result: Any, inputs: Sequence[InputFile] = ()) -> dict[str, Any]:
+    """Totals and per-file counts; each file also lists its first flagged tokens and its notes."""
     totals: dict[str, int] = {}
-    files: dict[str, dict[str, int]] = {}
+    files: dict[str, dict[str, Any]] = {}
+    notes = {f.path: list(f.notes) for f in inputs if f.notes}
     for path, stats in result.sources.items():
         files[path] = dict(stats.quality)
+        if getattr(stats, "examples", None):
+            files[path]["examples"] = {key: list(stats.examples[key]) for key in QUALITY_KEYS if key in stats.examples}
+        if path in notes:
+            files[path]["notes"] = notes[path]
         for key, value in stats.quality.items():
             totals[key] = totals.get(key, 0) + value
     totals["excluded_tokens"] = totals.get("nonfinite_tokens", 0) + totals.get("sentinel_tokens", 0)

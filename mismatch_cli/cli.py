@@ -94,6 +94,25 @@ class K1Bounds(str, enum.Enum):
     ratio = "ratio"
 
 
+class Semantics(str, enum.Enum):
+    """Which trainer version's correction rules to reproduce."""
+
+    verl = "verl"
+    verl_071 = "verl-0.7.1"
+    verl_070 = "verl-0.7.0"
+    verl_061 = "verl-0.6.1"
+    verl_060 = "verl-0.6.0"
+    xtuner = "xtuner"
+    xtuner_2025_12 = "xtuner-2025-12"
+
+
+class MaskDtype(str, enum.Enum):
+    """The dtype the trainer's mask had: a bool / integer mask makes verl's means exact."""
+
+    float = "float"
+    bool = "bool"
+
+
 class Dtype(str, enum.Enum):
     """Compute precision of per-token math (reductions are always float64)."""
 
@@ -101,10 +120,21 @@ class Dtype(str, enum.Enum):
     float64 = "float64"
 
 
-class ByKey(str, enum.Enum):
-    """Extra breakdowns."""
+class InputFormat(str, enum.Enum):
+    """Dump format: detected from the content (auto) or forced."""
 
-    step = "step"
+    auto = "auto"
+    parquet = "parquet"
+    safetensors = "safetensors"
+    slime = "slime"
+    nemo_rl = "nemo-rl"
+    prime_rl = "prime-rl"
+
+
+InputFormatOpt = Annotated[
+    InputFormat,
+    typer.Option("--input-format", help="auto (from the content), parquet, safetensors, slime, nemo-rl or prime-rl."),
+]
 
 
 class SynthFormat(str, enum.Enum):
@@ -195,13 +225,19 @@ def _write_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-InputsArg = Annotated[list[str], typer.Argument(help="Dump files (.parquet, .safetensors), folders or globs.")]
+InputsArg = Annotated[
+    list[str],
+    typer.Argument(help="Dump files (parquet, safetensors, slime .pt, NeMo-RL / prime-rl .jsonl), folders or globs."),
+]
 ColumnOpt = Annotated[
     list[str], typer.Option("--column", help="Map a role to a column: ROLE=NAME (roles: old_log_probs, "
                             "rollout_log_probs, response_mask). Repeatable.")
@@ -223,6 +259,30 @@ K1Opt = Annotated[K1Bounds | None, typer.Option("--k1-bounds", help="verl (repro
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", help="TOML file with a [correction] table (verl field names).")
 ]
+SemanticsOpt = Annotated[
+    Semantics | None, typer.Option("--semantics", help="Trainer family whose rules and keys to reproduce.")
+]
+IsLevelOpt = Annotated[
+    str | None, typer.Option("--is-level", help="verl-0.6.0 / xtuner: token, sequence or geometric.")
+]
+IsModeOpt = Annotated[
+    str | None, typer.Option("--is-mode", help="verl-0.6.0: truncate|mask; xtuner: truncate|mask|both.")
+]
+IsLowerOpt = Annotated[str | None, typer.Option("--is-threshold-lower", help="verl-0.6.0: IS lower bound L.")]
+IsMaskThresholdOpt = Annotated[
+    str | None, typer.Option("--is-mask-threshold", help="xtuner: mask band as U,L (xtuner's order).")
+]
+RsLowerOpt = Annotated[
+    str | None, typer.Option("--rs-threshold-lower", help="verl-0.7.0 / 0.6.1: RS lower bound L.")
+]
+VetoOpt = Annotated[
+    str | None, typer.Option("--veto-threshold", help="verl-0.7.0 / 0.6.x: V (0.6.0 default 1e-4; none = off); "
+                             "xtuner: U,L.")
+]
+MaskDtypeOpt = Annotated[
+    MaskDtype | None,
+    typer.Option("--mask-dtype", help="Older families: the trainer's mask dtype (bool = exact means)."),
+]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
 DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="Per-token compute precision.")]
 
@@ -236,18 +296,36 @@ def _correction(
     rs: str | None,
     rs_threshold: str | None,
     k1_bounds: K1Bounds | None,
+    semantics: Semantics | None = None,
+    family_flags: dict[str, Any] | None = None,
 ) -> Any:
-    from mismatch_cli.config import build_config
+    from mismatch_cli.config import CorrectionConfig, build_config
+    from mismatch_cli.legacy import FAMILIES, family_fields_from_flags
 
     table = _load_config_table(config_file)
+    family = semantics.value if semantics is not None else str(table.pop("semantics", "verl"))
+    table.pop("semantics", None)
+    if family not in FAMILIES:
+        raise UsageError(f"{config_file}: unknown semantics '{family}'", hint=f"use one of {', '.join(FAMILIES)}")
+    flags = {"--preset": preset, "--is-threshold": is_threshold, "--is-batch-normalize": is_batch_normalize,
+             "--rs": rs, "--rs-threshold": rs_threshold, "--k1-bounds": k1_bounds.value if k1_bounds else None,
+             "--is": (None if is_level is IsLevel.none else is_level.value) if is_level is not None else None,
+             **(family_flags or {})}
+    if family != "verl":
+        fields = {**table, **family_fields_from_flags(family, flags)}
+        if is_level is IsLevel.none:
+            fields["rollout_is"] = None
+        return CorrectionConfig(semantics=family, family_fields=fields)
+    family_fields_from_flags("verl", {k: v for k, v in flags.items() if v is not None and k not in (
+        "--preset", "--is-threshold", "--is-batch-normalize", "--rs", "--rs-threshold", "--k1-bounds", "--is")})
+    from mismatch_cli.legacy import FIELD_HOME, FIELDS
+
+    for key in table:
+        if key not in FIELDS["verl"] and key in FIELD_HOME:
+            raise UsageError(f"{config_file}: {key} is not a field of verl 0.9's [correction]",
+                             hint=f"add semantics = \"{FIELD_HOME[key].split(' ')[0]}\" ({key} belongs to "
+                             f"{FIELD_HOME[key]})")
     preset = preset or table.pop("preset", None)
-    semantics = table.pop("semantics", "verl")
-    if semantics != "verl":
-        raise UsageError(
-            f"{config_file}: semantics '{semantics}' is not supported by this version (only 'verl', i.e. verl "
-            "0.7.1 and later)",
-            hint="remove `semantics` from the [correction] table or set it to \"verl\"",
-        )
     overrides: dict[str, Any] = dict(table)
     if is_level is not None:
         overrides["rollout_is"] = None if is_level is IsLevel.none else is_level.value
@@ -275,18 +353,35 @@ def analyze(
     rs: RsOpt = None,
     rs_threshold: RsThresholdOpt = None,
     k1_bounds: K1Opt = None,
+    semantics: SemanticsOpt = None,
+    is_level_legacy: IsLevelOpt = None,
+    is_mode: IsModeOpt = None,
+    is_threshold_lower: IsLowerOpt = None,
+    is_mask_threshold: IsMaskThresholdOpt = None,
+    rs_threshold_lower: RsLowerOpt = None,
+    veto_threshold: VetoOpt = None,
+    mask_dtype: MaskDtypeOpt = None,
     config: ConfigOpt = None,
     column: ColumnOpt = [],  # noqa: B006 - typer needs a literal default
     no_mask: NoMaskOpt = False,
-    by: Annotated[list[ByKey], typer.Option("--by", help="Also report each step as its own batch.")] = [],  # noqa: B006
-    out_dir: Annotated[Path | None, typer.Option("--out-dir", help="Write DIR/report.json.")] = None,
+    input_format: InputFormatOpt = InputFormat.auto,
+    by: Annotated[
+        list[str],
+        typer.Option("--by", help="Also report each step (`step`) or each value of a column (e.g. env_name) as its "
+                     "own batch. Repeatable."),
+    ] = [],  # noqa: B006
+    out_dir: Annotated[
+        Path | None, typer.Option("--out-dir", help="Write DIR/report.json, DIR/*.png and DIR/report.html.")
+    ] = None,
     output_format: Annotated[OutputFormat, typer.Option("--format", help="Report format on stdout / -o.")] = (
         OutputFormat.table
     ),
     output: Annotated[
         str | None, typer.Option("-o", "--output", help="Write the report to FILE ('-' = stdout).")
     ] = None,
-    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip plots (accepted for scripts).")] = False,
+    no_plots: Annotated[
+        bool, typer.Option("--no-plots", help="With --out-dir: skip the PNG plots and report.html.")
+    ] = False,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = Dtype.float32,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="Only errors on stderr.")] = False,
@@ -295,24 +390,42 @@ def analyze(
     from mismatch_cli.api import analyze as run_analysis
     from mismatch_cli.io import ReadOptions
 
+    family_flags = {"--is-level": is_level_legacy, "--is-mode": is_mode, "--is-threshold-lower": is_threshold_lower,
+                    "--is-mask-threshold": is_mask_threshold, "--rs-threshold-lower": rs_threshold_lower,
+                    "--veto-threshold": veto_threshold, "--mask-dtype": mask_dtype.value if mask_dtype else None}
     correction = _correction(config, preset, is_level, is_threshold, is_batch_normalize, rs, rs_threshold,
-                             k1_bounds)
+                             k1_bounds, semantics, family_flags)
     if out_dir is not None:
         _check_writable_dir(out_dir, "--out-dir")
     if output is not None and output != "-" and Path(output).is_dir():
         raise UsageError(f"-o {output} is a directory", hint="give a file name, or use --out-dir for a directory")
-    read_options = ReadOptions(columns=_parse_columns(column), no_mask=no_mask)
-    report = run_analysis(
-        inputs,
-        correction=correction,
-        read_options=read_options,
-        device=device,
-        dtype=dtype.value,
-        by_step=ByKey.step in by,
-    )
+    read_options = ReadOptions(columns=_parse_columns(column), no_mask=no_mask, input_format=input_format.value)
+    from mismatch_cli.render.progress import reading_progress
+
+    with reading_progress(inputs, enabled=not quiet and sys.stderr.isatty()) as on_batch:
+        report = run_analysis(
+            inputs,
+            correction=correction,
+            read_options=read_options,
+            device=device,
+            dtype=dtype.value,
+            group_by=_parse_by(by),
+            on_batch=on_batch,
+        )
     rendered = _render(report, output_format)
+    figures: dict[str, bytes] = {}
+    page = ""
+    if out_dir is not None and not no_plots:
+        # Rendered before anything is written, so a failure leaves no partial output.
+        from mismatch_cli.render.html import render_html
+        from mismatch_cli.render.plots import render_plots, write_files
+
+        figures = render_plots(report)
+        page = render_html(report, figures)
     if out_dir is not None:
         _write_atomic(out_dir / "report.json", report.to_json())
+        if not no_plots:
+            write_files(out_dir, {**figures, "report.html": page.encode("utf-8")})
     if output is not None and output != "-":
         _write_atomic(Path(output), rendered)
     else:
@@ -324,6 +437,9 @@ def analyze(
                 err.print(f"warning: {warning}", markup=False)
         if out_dir is not None:
             err.print(f"wrote {out_dir / 'report.json'}", markup=False)
+            if not no_plots:
+                err.print(f"wrote {out_dir / 'report.html'} and {len(figures)} plots "
+                          f"({', '.join(figures) or 'none'})", markup=False)
         if output is not None and output != "-":
             err.print(f"wrote {output}", markup=False)
 
@@ -357,15 +473,29 @@ def presets(
     output_format: Annotated[OutputFormat, typer.Option("--format", help="table, json or markdown.")] = (
         OutputFormat.table
     ),
+    semantics: SemanticsOpt = None,
 ) -> None:
-    """List verl's rollout-correction presets with their parameters."""
+    """List the rollout-correction presets of verl (or of an older family) with their parameters."""
     import json
 
     from mismatch_cli.config import PRESETS
+    from mismatch_cli.legacy import legacy_presets, presets_071
 
-    fields = ("rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold", "bypass_mode", "loss_type")
-    rows = [{"name": p.name, **{f: getattr(p.config, f) for f in fields}, "summary": p.summary}
-            for p in PRESETS.values()]
+    family = semantics.value if semantics is not None else "verl"
+    fields: tuple[str, ...] = ("rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold",
+                               "bypass_mode", "loss_type")
+    if family in ("verl-0.7.0", "verl-0.6.1"):
+        fields = ("rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold",
+                  "rollout_rs_threshold_lower", "rollout_token_veto_threshold", "bypass_mode")
+        rows = [{"name": name, **{f: values.get(f) for f in fields}, "summary": summary}
+                for name, (values, summary) in legacy_presets(family).items()]
+    elif family in ("verl", "verl-0.7.1"):
+        chosen = PRESETS if family == "verl" else presets_071()
+        rows = [{"name": p.name, **{f: getattr(p.config, f) for f in fields}, "summary": p.summary}
+                for p in chosen.values()]
+    else:
+        rows = []  # verl 0.6.0's mismatch_helper and xtuner configure fields directly; they ship no presets
+        _stderr().print(f"{family} has no presets: set its fields (see `mismatch analyze --help`)", markup=False)
     if output_format is OutputFormat.json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
@@ -377,7 +507,7 @@ def presets(
         return
     from rich.table import Table
 
-    table = Table(title=f"verl presets ({len(rows)}); use --preset NAME", title_justify="left")
+    table = Table(title=f"{family} presets ({len(rows)}); use --preset NAME", title_justify="left")
     for c in columns:
         table.add_column(c.replace("rollout_", ""), overflow="fold")
     for r in rows:
@@ -416,6 +546,301 @@ def synth(
     _stderr().print(
         f"wrote {summary.path}: {summary.sequences} sequences, {summary.tokens} response tokens", markup=False
     )
+
+
+# ------------------------------------------------------------------------------------- compare and check
+
+
+class MissingPolicy(str, enum.Enum):
+    """What a rule naming a metric the input (or the baseline) lacks does."""
+
+    error = "error"
+    warn = "warn"
+    skip = "skip"
+
+
+class GithubMode(str, enum.Enum):
+    """GitHub Actions annotations and step summary: auto = when GITHUB_ACTIONS=true."""
+
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
+FailOnOpt = Annotated[
+    list[str], typer.Option("--fail-on", help="A limit: METRIC<=X, METRIC>=X, or METRIC:+N% / :-N% / :±N% relative "
+                            "to the baseline. Repeatable; adds to the [check] table of --config.")
+]
+MissingOpt = Annotated[
+    MissingPolicy | None,
+    typer.Option("--missing", help="A rule naming a metric the input or baseline lacks: error (default), warn, skip."),
+]
+BootstrapOpt = Annotated[
+    int, typer.Option("--bootstrap", min=0, help="Poisson-bootstrap replicates for the 95% intervals (0 = off).")
+]
+LimitsConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="TOML with [check] (fail_on, baseline, missing) and [correction].")
+]
+
+
+def _rules(config: Path | None, fail_on: list[str], missing: MissingPolicy | None) -> tuple[Any, list[Any], str]:
+    from mismatch_cli.thresholds import load_check_config, parse_rule
+
+    table = load_check_config(config)
+    rules = table.rules + [parse_rule(text) for text in fail_on]
+    policy = missing.value if missing is not None else (table.missing or "error")
+    return table, rules, policy
+
+
+def _analyzer(correction: Any, column: list[str], no_mask: bool, device: str, dtype: Dtype, bootstrap: int) -> Any:
+    from mismatch_cli.api import analyze as run_analysis
+    from mismatch_cli.io import ReadOptions
+
+    read_options = ReadOptions(columns=_parse_columns(column), no_mask=no_mask)
+    return functools.partial(run_analysis, correction=correction, read_options=read_options, device=device,
+                             dtype=dtype.value, bootstrap=bootstrap)
+
+
+def _console_text(draw: Callable[[Console], None]) -> str:
+    console = Console(record=True, file=open(os.devnull, "w"), width=120, color_system=None)  # noqa: SIM115
+    draw(console)
+    return console.export_text()
+
+
+@app.command()
+@_guard
+def compare(
+    base: Annotated[str, typer.Argument(help="The reference: a dump, a folder of dumps, or a report.json.")],
+    candidate: Annotated[str, typer.Argument(help="Judged against BASE: a dump, a folder of dumps, or a report.json.")],
+    preset: PresetOpt = None,
+    is_level: IsOpt = None,
+    is_threshold: IsThresholdOpt = None,
+    is_batch_normalize: IsNormOpt = None,
+    rs: RsOpt = None,
+    rs_threshold: RsThresholdOpt = None,
+    k1_bounds: K1Opt = None,
+    config: LimitsConfigOpt = None,
+    fail_on: FailOnOpt = [],  # noqa: B006 - typer needs a literal default
+    missing: MissingOpt = None,
+    column: ColumnOpt = [],  # noqa: B006
+    no_mask: NoMaskOpt = False,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out-dir", help="Write compare.json, compare.md, reports and overlaid plots.")
+    ] = None,
+    output_format: Annotated[OutputFormat, typer.Option("--format", help="What is printed on stdout / -o.")] = (
+        OutputFormat.table
+    ),
+    output: Annotated[
+        str | None, typer.Option("-o", "--output", help="Write the comparison to FILE ('-' = stdout).")
+    ] = None,
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip the overlaid plots in --out-dir.")] = False,
+    bootstrap: BootstrapOpt = 200,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = Dtype.float32,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="Only the verdict and errors (stderr).")] = False,
+) -> None:
+    """Compare two runs side by side (BASE is the reference); exit 1 only when a given limit is breached."""
+    from mismatch_cli.compare import compare_reports, correction_notes, load_side
+    from mismatch_cli.render.compare import (
+        render_compare_json,
+        render_compare_markdown,
+        render_compare_table,
+        write_compare_plots,
+    )
+
+    correction = _correction(config, preset, is_level, is_threshold, is_batch_normalize, rs, rs_threshold,
+                             k1_bounds)
+    _, rules, policy = _rules(config, fail_on, missing)
+    if out_dir is not None:
+        _check_writable_dir(out_dir, "--out-dir")
+    if output is not None and output != "-" and Path(output).is_dir():
+        raise UsageError(f"-o {output} is a directory", hint="give a file name, or use --out-dir for a directory")
+    analyze_side = _analyzer(correction, column, no_mask, device, dtype, bootstrap)
+    base_report, base_is_report = load_side(base, analyze_side)
+    candidate_report, candidate_is_report = load_side(candidate, analyze_side)
+    comparison = compare_reports(base_report, candidate_report, rules, policy, base, candidate)
+    flags_given = any(v is not None for v in (preset, is_level, is_threshold, is_batch_normalize, rs,
+                                              rs_threshold, k1_bounds)) or bool(_load_config_table(config))
+    if flags_given:
+        requested = correction.to_dict()
+        for label, report, is_report in ((base, base_report, base_is_report),
+                                         (candidate, candidate_report, candidate_is_report)):
+            if is_report:
+                comparison.notes += correction_notes(label, report, requested)
+    if output_format is OutputFormat.json:
+        rendered = render_compare_json(comparison)
+    elif output_format is OutputFormat.markdown:
+        rendered = render_compare_markdown(comparison)
+    else:
+        rendered = _console_text(lambda console: render_compare_table(comparison, console))
+    if out_dir is not None:
+        _write_atomic(out_dir / "compare.json", render_compare_json(comparison))
+        _write_atomic(out_dir / "compare.md", render_compare_markdown(comparison))
+        for name, report, is_report in (("base", base_report, base_is_report),
+                                        ("candidate", candidate_report, candidate_is_report)):
+            if not is_report:
+                _write_atomic(out_dir / f"{name}_report.json", report.to_json())
+        if not no_plots:
+            write_compare_plots(comparison, base_report, candidate_report, out_dir)
+    if output is not None and output != "-":
+        _write_atomic(Path(output), rendered)
+    elif not quiet:
+        if output_format is OutputFormat.table:
+            render_compare_table(comparison, Console(highlight=False))
+        else:
+            sys.stdout.write(rendered)
+    err = _stderr()
+    if not quiet and out_dir is not None:
+        err.print(f"wrote {out_dir}/compare.json, compare.md" + ("" if no_plots else " and plots"), markup=False)
+    err.print(comparison.verdict(), markup=False)
+    if comparison.check is not None and comparison.check.exit_code:
+        raise typer.Exit(comparison.check.exit_code)
+
+
+@app.command()
+@_guard
+def check(
+    inputs: Annotated[list[str], typer.Argument(help="Dumps (files, folders, globs) or one report.json.")],
+    baseline: Annotated[
+        str | None, typer.Option("--baseline", help="Report (report.json) that relative rules compare against.")
+    ] = None,
+    config: LimitsConfigOpt = None,
+    fail_on: FailOnOpt = [],  # noqa: B006 - typer needs a literal default
+    missing: MissingOpt = None,
+    junit_xml: Annotated[Path | None, typer.Option("--junit-xml", help="Write JUnit XML (one case per rule).")] = None,
+    github: Annotated[
+        GithubMode, typer.Option("--github", help="Annotations and step summary: auto (GITHUB_ACTIONS=true), on, off.")
+    ] = GithubMode.auto,
+    output_format: Annotated[OutputFormat, typer.Option("--format", help="What is printed on stdout.")] = (
+        OutputFormat.table
+    ),
+    out_dir: Annotated[Path | None, typer.Option("--out-dir", help="Write DIR/report.json of the input.")] = None,
+    preset: PresetOpt = None,
+    is_level: IsOpt = None,
+    is_threshold: IsThresholdOpt = None,
+    is_batch_normalize: IsNormOpt = None,
+    rs: RsOpt = None,
+    rs_threshold: RsThresholdOpt = None,
+    k1_bounds: K1Opt = None,
+    column: ColumnOpt = [],  # noqa: B006
+    no_mask: NoMaskOpt = False,
+    bootstrap: BootstrapOpt = 200,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = Dtype.float32,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="Only the verdict and errors (stderr).")] = False,
+) -> None:
+    """The CI gate: hold a dump (or report) to limits; exit 1 on a breach, 2 on a bad rule, 3 on bad input."""
+    from mismatch_cli.compare import is_report_path, load_side
+    from mismatch_cli.render.compare import render_check_markdown, render_check_table
+    from mismatch_cli.render.github import annotations, step_summary
+    from mismatch_cli.render.junit import render_junit
+    from mismatch_cli.report import Report
+    from mismatch_cli.thresholds import CheckResult, Outcome, Rule, evaluate, require_baseline
+
+    label = " ".join(inputs)
+    github_on = github is GithubMode.on or (github is GithubMode.auto and os.environ.get("GITHUB_ACTIONS") == "true")
+    err = _stderr()
+
+    def publish(result: CheckResult, baseline_label: str | None) -> None:
+        # Every file first, so CI sees them whatever the exit code.
+        if junit_xml is not None:
+            _write_atomic(junit_xml, render_junit(result, label))
+        if github_on:
+            for line in annotations(result):
+                err.print(line, markup=False, highlight=False, soft_wrap=True)
+            summary = os.environ.get("GITHUB_STEP_SUMMARY")
+            if summary:
+                try:
+                    with open(summary, "a") as handle:
+                        handle.write(step_summary(result, label, baseline_label) + "\n")
+                except OSError as exc:
+                    err.print(f"warning: cannot append to GITHUB_STEP_SUMMARY {summary}: {exc.strerror}",
+                              markup=False)
+
+    try:
+        correction = _correction(config, preset, is_level, is_threshold, is_batch_normalize, rs, rs_threshold,
+                                 k1_bounds)
+        table, rules, policy = _rules(config, fail_on, missing)
+        baseline = baseline or table.baseline
+        if not rules:
+            raise UsageError("no rules to check", hint="pass --fail-on RULE or a --config with a [check] table")
+        require_baseline(rules, baseline)
+        if out_dir is not None:
+            _check_writable_dir(out_dir, "--out-dir")
+        analyze_side = _analyzer(correction, column, no_mask, device, dtype, bootstrap)
+        if len(inputs) == 1 and is_report_path(inputs[0]):
+            candidate, _ = load_side(inputs[0], analyze_side)
+        else:
+            candidate = analyze_side(inputs)
+        baseline_report: Report | None = load_side(baseline, analyze_side)[0] if baseline else None
+    except MismatchError as exc:
+        # The gate could not run: still leave a JUnit case / annotation that says why.
+        failed = CheckResult([Outcome(Rule("mismatch check", "-", "<=", 0.0), "error", message=str(exc),
+                                      exit_code=exc.exit_code)])
+        publish(failed, baseline)
+        raise
+    result = evaluate(rules, candidate, baseline_report, policy)
+    if out_dir is not None:
+        _write_atomic(out_dir / "report.json", candidate.to_json())
+    publish(result, baseline)
+    title = f"mismatch check: {label}" + (f" (baseline {baseline})" if baseline else "")
+    if not quiet:
+        if output_format is OutputFormat.json:
+            import json
+
+            sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        elif output_format is OutputFormat.markdown:
+            sys.stdout.write(render_check_markdown(result, title))
+        else:
+            render_check_table(result, Console(highlight=False), title)
+    err.print(result.verdict(), markup=False)
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
+
+
+def _parse_by(values: list[str]) -> tuple[str, ...]:
+    """`--by` values: `step` or column names, repeatable or comma-separated."""
+    names = [part.strip() for value in values for part in value.split(",")]
+    if any(not name for name in names):
+        raise UsageError("--by expects `step` or a column name, got an empty value",
+                         hint="e.g. --by step --by env_name")
+    return tuple(dict.fromkeys(names))
+
+
+@app.command()
+@_guard
+def convert(
+    inputs: InputsArg,
+    output: Annotated[Path, typer.Option("-o", "--output", help="The parquet file to write (atomically).")],
+    input_format: InputFormatOpt = InputFormat.auto,
+    column: ColumnOpt = [],  # noqa: B006 - typer needs a literal default
+    no_mask: NoMaskOpt = False,
+    keep: Annotated[
+        list[str],
+        typer.Option("--keep", help="Also copy this per-row column (e.g. data_source). Repeatable; prime-rl's "
+                     "env_name is always kept."),
+    ] = [],  # noqa: B006
+    dtype: Annotated[Dtype, typer.Option("--dtype", help="Storage precision of the log-probs.")] = Dtype.float32,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="Only errors on stderr.")] = False,
+) -> None:
+    """Convert dumps (slime, NeMo-RL, prime-rl, safetensors, parquet) into mismatch's wide parquet layout."""
+    from mismatch_cli.convert import convert as run_convert
+    from mismatch_cli.io import ReadOptions
+
+    if str(output) == "-":
+        raise UsageError("convert writes a parquet file, not stdout", hint="give -o FILE.parquet")
+    read_options = ReadOptions(columns=_parse_columns(column), no_mask=no_mask, input_format=input_format.value,
+                               group_columns=tuple(dict.fromkeys(k.strip() for k in keep if k.strip())))
+    summary = run_convert(inputs, output, read_options, dtype=dtype.value)
+    if not quiet:
+        err = _stderr()
+        for warning in summary.warnings:
+            err.print(f"warning: {warning}", markup=False)
+        err.print(
+            f"wrote {summary.path}: {summary.sequences} sequences, {summary.valid_tokens} valid tokens from "
+            f"{len(summary.inputs)} file(s); columns {', '.join(summary.columns)}",
+            markup=False,
+        )
 
 
 def main() -> None:

@@ -37,11 +37,14 @@ class Report:
     metrics: dict[str, float | None]
     summary: dict[str, Any] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
+    groups: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # --by COLUMN: column -> per-value results
     rounds: list[dict[str, Any]] = field(default_factory=list)
     rounds_from_end: list[dict[str, Any]] = field(default_factory=list)
     quantiles: dict[str, Any] = field(default_factory=dict)
     histograms: dict[str, Any] = field(default_factory=dict)
     worst_sequences: list[dict[str, Any]] = field(default_factory=list)
+    what_if: list[dict[str, Any]] = field(default_factory=list)  # every common IS / RS setting on this dump
+    intervals: dict[str, list[float]] = field(default_factory=dict)  # metric -> 95 % bootstrap [low, high]
     data_quality: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION

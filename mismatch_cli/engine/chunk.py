@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -41,6 +41,10 @@ class Chunk:
     offsets: np.ndarray | None = None  # [B+1] row offsets over positions
     keep: np.ndarray | None = None  # [P] valid positions (mask and finite), None when equal to the mask
     extras: dict[str, Any] = field(default_factory=dict)  # per-token / per-row results shared by families
+    source: str = ""  # the file the rows come from
+    first_row: int = 0  # row index, within `source`, of the chunk's row 0
+    sequence_ids: np.ndarray | None = None  # [B] id column values, when the dump has one
+    steps: np.ndarray | None = None  # [B] training step per row, when known
 
     @cached_property
     def runs(self) -> Runs:
@@ -120,10 +124,16 @@ class Chunk:
         """Per-row float64 sum of per-token values (0 for an empty row)."""
         if self.num_rows == 0:
             return torch.zeros(0, dtype=F64, device=values.device)
-        return segment_sum(values.to(F64), self.lengths)
+        return segment_sum(values, self.lengths, dtype=F64)
 
-    def row_mean(self, values: torch.Tensor) -> torch.Tensor:
-        """verl's masked_mean along a row: sum / (count + 1e-8); 0 for an empty row."""
+    def row_mean(self, values: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        """verl's masked_mean along a row: sum / (count + 1e-8); 0 for an empty row.
+
+        With `exact` (a bool or integer mask upstream) the 1e-8 vanishes in float32 unless the count is 0.
+        """
+        if exact:
+            tokens = self.row_tokens
+            return self.row_sum(values) / torch.where(tokens > 0, tokens, torch.full_like(tokens, 1e-8))
         return self.row_sum(values) / self.row_denominator
 
     def row_max(self, values: torch.Tensor) -> torch.Tensor:
@@ -142,6 +152,23 @@ def quality_counts(
     old: np.ndarray, rollout: np.ndarray, mask: np.ndarray
 ) -> tuple[np.ndarray, dict[str, int]]:
     """Valid-token mask after exclusions, and the data-quality counts of the chunk."""
+    keep, flags = _quality_flags(old, rollout, mask)
+    counts = {"positions": int(mask.size), "masked_tokens": int(np.count_nonzero(mask))}
+    counts.update({category: int(np.count_nonzero(flag)) for category, flag in flags.items()})
+    return keep, counts
+
+
+# Which categories are excluded from every metric; the others are counted and kept (SPEC §2.5): a
+# probability of exactly 1 (log-prob 0.0) is legitimate for a confident token in bf16, and a tiny
+# positive log-prob is fp rounding in log-softmax, so dropping them would bias the metrics.
+EXCLUDED_CATEGORIES = ("nonfinite_tokens", "sentinel_tokens")
+QUALITY_CATEGORIES = ("nonfinite_tokens", "sentinel_tokens", "positive_logprob_tokens", "one_side_zero_tokens")
+
+
+def _quality_flags(
+    old: np.ndarray, rollout: np.ndarray, mask: np.ndarray
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Valid-token mask after exclusions, and one bool array per data-quality category."""
     finite = np.isfinite(old) & np.isfinite(rollout)
     nonfinite = mask & ~finite
     with np.errstate(invalid="ignore"):
@@ -149,15 +176,39 @@ def quality_counts(
         keep = mask & finite & ~sentinel
         positive = keep & ((old > 0) | (rollout > 0))
         one_side_zero = keep & ((old == 0) != (rollout == 0))
-    counts = {
-        "positions": int(mask.size),
-        "masked_tokens": int(np.count_nonzero(mask)),
-        "nonfinite_tokens": int(np.count_nonzero(nonfinite)),
-        "sentinel_tokens": int(np.count_nonzero(sentinel)),
-        "positive_logprob_tokens": int(np.count_nonzero(positive)),
-        "one_side_zero_tokens": int(np.count_nonzero(one_side_zero)),
+    flags = {
+        "nonfinite_tokens": nonfinite,
+        "sentinel_tokens": sentinel,
+        "positive_logprob_tokens": positive,
+        "one_side_zero_tokens": one_side_zero,
     }
-    return keep, counts
+    return keep, flags
+
+
+def quality_examples(batch: Batch, categories: Iterable[str], limit: int) -> dict[str, list[dict[str, Any]]]:
+    """The first `limit` flagged tokens of each category: file, row in the file, position in the row, values."""
+    _, flags = _quality_flags(batch.old_log_probs, batch.rollout_log_probs, batch.response_mask.astype(bool))
+    found: dict[str, list[dict[str, Any]]] = {}
+    for category in categories:
+        positions = np.flatnonzero(flags[category])[:limit]
+        if len(positions) == 0:
+            continue
+        rows = np.searchsorted(batch.offsets, positions, side="right") - 1
+        examples = []
+        for position, row in zip(positions.tolist(), rows.tolist(), strict=True):  # at most `limit` of them
+            example: dict[str, Any] = {
+                "file": batch.source,
+                "row": batch.first_row + row,
+                "position": position - int(batch.offsets[row]),
+                "old_log_prob": float(batch.old_log_probs[position]),
+                "rollout_log_prob": float(batch.rollout_log_probs[position]),
+            }
+            if batch.sequence_ids is not None:
+                value = batch.sequence_ids[row]
+                example["id"] = value.item() if isinstance(value, np.generic) else value
+            examples.append(example)
+        found[category] = examples
+    return found
 
 
 def bounded(batch: Batch, max_positions: int = MAX_CHUNK_POSITIONS) -> Iterator[Batch]:
@@ -181,6 +232,7 @@ def bounded(batch: Batch, max_positions: int = MAX_CHUNK_POSITIONS) -> Iterator[
             steps=None if batch.steps is None else batch.steps[start:stop],
             sequence_ids=None if batch.sequence_ids is None else batch.sequence_ids[start:stop],
             labels=batch.labels,
+            groups={name: values[start:stop] for name, values in batch.groups.items()},
         )
         start = stop
 
@@ -213,7 +265,11 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype) -> Chunk:
         position_mask=mask,
         offsets=batch.offsets,
         keep=None if all_kept or np.array_equal(keep, mask) else keep,
+        source=batch.source,
+        first_row=batch.first_row,
+        sequence_ids=batch.sequence_ids,
+        steps=batch.steps,
     )
 
 
-__all__ = ["Chunk", "bounded", "make_chunk", "quality_counts"]
+__all__ = ["Chunk", "bounded", "make_chunk", "quality_counts", "quality_examples"]

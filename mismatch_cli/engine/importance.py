@@ -47,9 +47,11 @@ class ImportanceAccumulator:
         weight = self._apply(raw)
         chunk.extras["is_token_weight"] = weight
         s.add("tokens", float(chunk.num_tokens))
-        s.add("sum_w", weight.sum())
+        # float64 before squaring: std = sqrt(E[w^2] - E[w]^2) cancels badly for weights near 1.
+        weight64 = weight.to(F64)
+        s.add("sum_w", weight64.sum())
         # verl clamps to [0, U] before std / ESS; applied weights already lie there.
-        s.add("sum_w_sq", weight.square().sum())
+        s.add("sum_w_sq", weight64.square().sum())
         s.add("count_high", (raw > upper).sum())
         s.add("count_low", (raw < lower_metric).sum())
         if self.threshold.icepop:

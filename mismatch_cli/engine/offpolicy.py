@@ -28,8 +28,9 @@ OFFPOLICY_KEYS = (
 class OffPolicyAccumulator:
     """Token means over valid tokens and row means over all rows (empty rows included, as verl)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, exact_mask: bool = False) -> None:
         self.state = Reducer(device)
+        self.exact_mask = exact_mask  # a bool / integer mask upstream: no 1e-8 in the means
 
     def update(self, chunk: Chunk) -> None:
         """Fold one chunk of whole sequences into the state."""
@@ -42,8 +43,8 @@ class OffPolicyAccumulator:
         # k3 uses the unclamped ratio, so a huge log-ratio overflows to inf exactly as in verl.
         s.add("sum_k3", chunk.k3.sum())
         s.add("sum_rho_sq", chunk.ratio_safe_sq.sum())
-        train_mean = chunk.row_mean(chunk.old)
-        rollout_mean = chunk.row_mean(chunk.rollout)
+        train_mean = chunk.row_mean(chunk.old, exact=self.exact_mask)
+        rollout_mean = chunk.row_mean(chunk.rollout, exact=self.exact_mask)
         log_ppl_diff = rollout_mean - train_mean
         s.add("sum_train_ppl", torch.exp(-train_mean).sum())
         s.add("sum_train_log_ppl", (-train_mean).sum())
@@ -65,7 +66,8 @@ class OffPolicyAccumulator:
     def compute(self) -> dict[str, float]:
         """verl's 13 keys (unprefixed); callers guarantee at least one valid token."""
         s = self.state
-        tokens = s.get("tokens") + 1e-8  # verl's masked_mean denominator
+        tokens = s.get("tokens")
+        tokens = tokens if self.exact_mask and tokens > 0 else tokens + 1e-8  # verl's masked_mean denominator
         rows = s.get("rows")
         return {
             "training_ppl": s.get("sum_train_ppl") / rows,

@@ -6,17 +6,25 @@ import numpy as np
 import torch
 
 
-def segment_sum(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Sums of consecutive segments of `values` with the given lengths (0 for an empty segment)."""
+def segment_sum(values: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Sums of consecutive segments of `values` with the given lengths (0 for an empty segment).
+
+    `dtype` is the accumulation dtype (e.g. float64 sums of float32 values) without a converted copy.
+    """
     if values.device.type != "cpu":
-        return torch.segment_reduce(values, "sum", lengths=lengths, unsafe=True)
+        return torch.segment_reduce(values if dtype is None else values.to(dtype), "sum", lengths=lengths,
+                                    unsafe=True)
     # reduceat needs strictly increasing starts, so empty segments are left out and stay 0.
     counts = lengths.numpy()
-    out = np.zeros(counts.size, dtype=values.numpy().dtype)
+    array = values.numpy()
+    out_dtype = array.dtype if dtype is None else torch.empty(0, dtype=dtype).numpy().dtype
+    if array.dtype == np.bool_:
+        array = array.astype(out_dtype)
+    out = np.zeros(counts.size, dtype=out_dtype)
     nonempty = counts > 0
     if nonempty.any():
         starts = np.concatenate(([0], np.cumsum(counts[:-1])))[nonempty]
-        out[nonempty] = np.add.reduceat(values.numpy(), starts)
+        out[nonempty] = np.add.reduceat(array, starts, dtype=out_dtype)
     return torch.from_numpy(out)
 
 

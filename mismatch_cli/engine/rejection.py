@@ -8,7 +8,7 @@ import torch
 
 from mismatch_cli.config import RsOption
 from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.state import Moments, Reducer, float32_fraction
+from mismatch_cli.engine.state import F64, Moments, Reducer, float32_fraction
 
 
 def token_statistic(chunk: Chunk, statistic: str) -> torch.Tensor:
@@ -47,7 +47,10 @@ class OptionBounds:
 class RejectionAccumulator:
     """Per-option and combined rejection statistics of one RS configuration."""
 
-    def __init__(self, options: tuple[RsOption, ...], k1_bounds: str, device: torch.device) -> None:
+    def __init__(self, options: tuple[RsOption, ...], k1_bounds: str, device: torch.device,
+                 exact_mask: bool = False) -> None:
+        # exact_mask: verl given a bool / integer mask divides exactly and returns float32 indicator means.
+        self.exact_mask = exact_mask
         self.bounds = [OptionBounds(option, k1_bounds) for option in options]
         self.state = Reducer(device)
         self.row_stats = {b.option.name: Moments(device) for b in self.bounds}
@@ -66,9 +69,9 @@ class RejectionAccumulator:
             is_k1 = bounds.option.is_k1
             stat = token_statistic(chunk, bounds.option.statistic)
             if bounds.option.level == "token":
-                row_value = chunk.row_mean(stat)
+                row_value = chunk.row_mean(stat, exact=self.exact_mask)
                 reject = ~bounds.keep(stat)
-                clamped = stat.clamp(min=bounds.low, max=bounds.high)
+                clamped = stat.clamp(min=bounds.low, max=bounds.high).to(F64)  # float64: std cancels
                 s.add(f"{name}:sum", stat.sum())
                 s.add(f"{name}:sum_c", clamped.sum())
                 s.add(f"{name}:sum_c_sq", clamped.square().sum())
@@ -86,7 +89,7 @@ class RejectionAccumulator:
                 if reduction == "sum":
                     row_value = chunk.row_sum(stat)
                 elif reduction == "mean":
-                    row_value = chunk.row_mean(stat)
+                    row_value = chunk.row_mean(stat, exact=self.exact_mask)
                 else:
                     row_value = chunk.row_max(stat)
                 rejected_rows = ~bounds.keep(row_value)
@@ -129,7 +132,10 @@ class RejectionAccumulator:
         """verl's `rollout_rs_*` keys (unprefixed); callers guarantee at least one valid token."""
         s = self.state
         tokens = s.get("tokens")
-        denominator = tokens + 1e-8
+        denominator = tokens if self.exact_mask and tokens > 0 else tokens + 1e-8
+
+        def indicator(count: float) -> float:
+            return float32_fraction(count, tokens) if self.exact_mask else count / denominator
         valid_rows = s.get("valid_rows")
         metrics: dict[str, float] = {}
         for bounds in self.bounds:
@@ -150,8 +156,8 @@ class RejectionAccumulator:
             else:
                 metrics[f"{prefix}_max"] = s.get(f"{name}:max")
                 metrics[f"{prefix}_min"] = s.get(f"{name}:min")
-                metrics[f"{prefix}_fraction_high"] = s.get(f"{name}:count_high") / denominator
-                metrics[f"{prefix}_fraction_low"] = s.get(f"{name}:count_low") / denominator if is_k1 else 0.0
+                metrics[f"{prefix}_fraction_high"] = indicator(s.get(f"{name}:count_high"))
+                metrics[f"{prefix}_fraction_low"] = indicator(s.get(f"{name}:count_low")) if is_k1 else 0.0
             if tokens > 1:
                 mean_c = s.get(f"{name}:sum_c") / denominator
                 var = s.get(f"{name}:sum_c_sq") / denominator - mean_c * mean_c

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -11,24 +13,42 @@ import torch
 from mismatch_cli.batch import Batch
 from mismatch_cli.config import ResolvedCorrection
 from mismatch_cli.engine.analysis import BatchAccumulator, BatchResult
-from mismatch_cli.engine.chunk import bounded, make_chunk
-from mismatch_cli.errors import ConfigError, DataError, UsageError
+from mismatch_cli.engine.bootstrap import DEFAULT_REPLICATES
+from mismatch_cli.engine.chunk import QUALITY_CATEGORIES, bounded, make_chunk, quality_examples
+from mismatch_cli.engine.legacy import LegacyAccumulator, merge_xtuner_packs
+from mismatch_cli.errors import ConfigError, DataError, InputError, UsageError
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
+EXAMPLES_PER_CATEGORY = 3  # first flagged tokens kept per data-quality category and file
+MAX_GROUPS = 1000  # distinct values of one --by column; each group holds a full set of accumulators
+
+
 @dataclass
 class SourceStats:
-    """What one input file contributed: rows, positions and data-quality counts."""
+    """What one input file contributed: rows, positions, data-quality counts and first examples."""
 
     sequences: int = 0
     quality: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def add(self, rows: int, quality: dict[str, int]) -> None:
         """Count one chunk of this file."""
         self.sequences += rows
         for key, value in quality.items():
             self.quality[key] = self.quality.get(key, 0) + value
+
+    def wanted_examples(self, quality: dict[str, int]) -> list[str]:
+        """Categories flagged in this chunk that still lack examples."""
+        return [c for c in QUALITY_CATEGORIES
+                if quality.get(c, 0) and len(self.examples.get(c, ())) < EXAMPLES_PER_CATEGORY]
+
+    def add_examples(self, found: dict[str, list[dict[str, Any]]]) -> None:
+        """Keep the first EXAMPLES_PER_CATEGORY examples of each category."""
+        for category, examples in found.items():
+            kept = self.examples.setdefault(category, [])
+            kept.extend(examples[: EXAMPLES_PER_CATEGORY - len(kept)])
 
 
 @dataclass
@@ -40,6 +60,7 @@ class EngineResult:
     sources: dict[str, SourceStats]
     device: str
     dtype: str
+    groups: dict[str, dict[Any, BatchResult]] = field(default_factory=dict)  # column -> label -> result
 
 
 def resolve_device(name: str) -> torch.device:
@@ -57,35 +78,33 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def _split_by_step(batch: Batch) -> list[tuple[int, Batch]]:
-    steps = batch.steps
-    assert steps is not None
-    unique = np.unique(steps)
+def _labels(values: np.ndarray) -> np.ndarray:
+    """Sortable per-row labels: integers stay int64; anything else becomes str, null as "null"."""
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64, copy=False)
+    labels = values.astype(str)
+    if values.dtype == object:
+        labels[np.equal(values, None)] = "null"
+    return labels
+
+
+def _split_rows(batch: Batch, keys: np.ndarray) -> list[tuple[Any, Batch]]:
+    """The batch's rows grouped by `keys` (one label per row), in sorted label order."""
+    unique, inverse = np.unique(keys, return_inverse=True)
+    labels = [u.item() if isinstance(u, np.generic) else u for u in unique]
     if len(unique) == 1:
-        return [(int(unique[0]), batch)]
-    lengths = np.diff(batch.offsets)
-    position_step = np.repeat(steps, lengths)
-    parts: list[tuple[int, Batch]] = []
-    for step in unique:
-        rows = steps == step
-        positions = position_step == step
-        sub_lengths = lengths[rows]
-        offsets = np.concatenate([[0], np.cumsum(sub_lengths)]).astype(np.int64)
-        parts.append(
-            (
-                int(step),
-                Batch(
-                    old_log_probs=batch.old_log_probs[positions],
-                    rollout_log_probs=batch.rollout_log_probs[positions],
-                    response_mask=batch.response_mask[positions],
-                    offsets=offsets,
-                    source=batch.source,
-                    first_row=batch.first_row,
-                    steps=steps[rows],
-                ),
-            )
+        return [(labels[0], batch)]
+    return [(label, batch.select_rows(inverse == i)) for i, label in enumerate(labels)]
+
+
+def _group_keys(batch: Batch, column: str) -> np.ndarray:
+    values = batch.groups.get(column)
+    if values is None:
+        raise InputError(
+            f"no column {column!r} (asked for by --by {column}) in {batch.source}",
+            hint=f"group by a column every input has, or drop --by {column}",
         )
-    return parts
+    return _labels(values)
 
 
 def run(
@@ -97,15 +116,30 @@ def run(
     threads: int | None = 1,
     source_names: tuple[str, ...] = (),
     rounds: bool = True,
+    group_by: tuple[str, ...] = (),
+    bootstrap: int = DEFAULT_REPLICATES,
 ) -> EngineResult:
-    """Stream batches through the accumulators; raise when the input as a whole has no valid token."""
+    """Stream batches through the accumulators; raise when the input as a whole has no valid token.
+
+    `by_step` also computes every step as its own batch, `group_by` every value of each named column
+    (`Batch.groups`); each group is a full batch of its own, so token means of the groups combine to the
+    overall token mean with the groups' valid-token counts as weights.
+    """
     if dtype not in DTYPES:
         raise UsageError(f"unknown dtype '{dtype}'", hint="use float32 or float64")
     torch_device = resolve_device(device)
     if threads:
         torch.set_num_threads(threads)
-    overall = BatchAccumulator(correction, torch_device, rounds)
+    overall = BatchAccumulator(correction, torch_device, rounds, bootstrap=bootstrap)
+
+    def breakdown() -> BatchAccumulator:
+        # Steps and groups report metrics and rounds only: no what-if, worst sequences or intervals.
+        return BatchAccumulator(correction, torch_device, rounds, extras=False, bootstrap=0)
+    # xtuner computes per pack (one input file here) and merges packs; keep one family state per file.
+    xtuner = correction.legacy is not None and correction.legacy.offpolicy == "xtuner"
+    packs: dict[str, LegacyAccumulator] = {}
     per_step: dict[int, BatchAccumulator] = {}
+    per_group: dict[str, dict[Any, BatchAccumulator]] = {column: {} for column in group_by}
     sources: dict[str, SourceStats] = {}
     compute_dtype = DTYPES[dtype]
     any_rows = False
@@ -115,18 +149,45 @@ def run(
         any_rows = True
         chunk = make_chunk(batch, torch_device, compute_dtype)
         overall.update(chunk)
-        sources.setdefault(batch.source, SourceStats()).add(batch.num_rows, chunk.quality)
+        if xtuner:
+            packs.setdefault(batch.source, LegacyAccumulator(correction.legacy, torch_device)).update(chunk)
+        stats = sources.setdefault(batch.source, SourceStats())
+        stats.add(batch.num_rows, chunk.quality)
+        wanted = stats.wanted_examples(chunk.quality)
+        if wanted:  # only chunks with flagged tokens pay for this, until the examples are collected
+            stats.add_examples(quality_examples(batch, wanted, EXAMPLES_PER_CATEGORY))
         if by_step and batch.steps is not None:
-            for step, part in _split_by_step(batch):
-                accumulator = per_step.setdefault(step, BatchAccumulator(correction, torch_device, rounds))
+            for step, part in _split_rows(batch, batch.steps):
+                if step not in per_step:
+                    per_step[step] = breakdown()
+                accumulator = per_step[step]
                 accumulator.update(chunk if part is batch else make_chunk(part, torch_device, compute_dtype))
+        for column in group_by:
+            accumulators = per_group[column]
+            for label, part in _split_rows(batch, _group_keys(batch, column)):
+                if label not in accumulators:
+                    if len(accumulators) >= MAX_GROUPS:
+                        raise UsageError(
+                            f"--by {column}: more than {MAX_GROUPS} distinct values, each of which would be "
+                            "analyzed as its own batch",
+                            hint="group by a column with fewer distinct values (e.g. env_name, data_source, step)",
+                        )
+                    accumulators[label] = breakdown()
+                accumulators[label].update(chunk if part is batch else make_chunk(part, torch_device, compute_dtype))
     if not any_rows:
         raise DataError(
             f"the input has no rows ({', '.join(source_names) or 'no file'})",
             hint="check that the dump files are not empty",
         )
     result = overall.compute()
-    if result.valid_tokens == 0:
+    if len(packs) > 1:
+        merged = merge_xtuner_packs([pack.compute(None)[0] for pack in packs.values()],
+                                    head=correction.legacy.family == "xtuner")
+        result.metrics = {k: v for k, v in result.metrics.items() if not k.startswith(correction.legacy.prefix)}
+        result.metrics.update({k: v if math.isfinite(v) else None for k, v in merged.items()})
+        result.notes.append(f"xtuner metrics merged over {len(packs)} packs (one per input file) as "
+                            "merge_rollout_is_metrics does: mean, or max / min for max / min keys, in float32")
+    if result.valid_tokens == 0 and not xtuner:
         raise DataError(
             "no valid token in the whole input: every response_mask value is 0 (or every masked-in "
             "log-prob is NaN/inf/sentinel), so there is nothing to measure (verl raises ValueError here)",
@@ -140,4 +201,15 @@ def run(
             hint="widen --is-threshold (e.g. 0.5_5.0) or use a single TIS bound",
         )
     steps = {step: acc.compute() for step, acc in sorted(per_step.items())}
-    return EngineResult(overall=result, steps=steps, sources=sources, device=str(torch_device), dtype=dtype)
+    groups = {
+        column: {label: acc.compute() for label, acc in sorted(accumulators.items(), key=_label_order)}
+        for column, accumulators in per_group.items()
+    }
+    return EngineResult(overall=result, steps=steps, sources=sources, device=str(torch_device), dtype=dtype,
+                        groups=groups)
+
+
+def _label_order(item: tuple[Any, Any]) -> tuple[bool, Any]:
+    # Labels of one column are all int or all str, except when inputs disagree: ints first then.
+    label = item[0]
+    return (isinstance(label, str), label if isinstance(label, str) else int(label))

@@ -54,9 +54,20 @@ def health_section(report: Report) -> Section:
     return Section(f"Health: {status}", ["check", "value", "healthy range", "status"], rows, highlight)
 
 
+LEGACY = "mismatch/"
+
+
+def _semantics(report: Report) -> str:
+    return str(report.config.get("semantics") or "verl")
+
+
 def offpolicy_section(report: Report) -> Section:
-    """The 13 off-policy keys with what each means."""
+    """The 13 off-policy keys with what each means (verl 0.6.0 / xtuner: their `mismatch_*` keys)."""
     rows = []
+    if any(k.startswith(LEGACY + "mismatch_") for k in report.metrics):
+        keys = sorted(k for k in report.metrics if k.startswith(LEGACY + "mismatch_"))
+        return Section(f"Off-policy ({_semantics(report)}, mismatch/)", ["metric", "value"],
+                       _metric_rows(report, keys, LEGACY))
     for key, meaning in OFFPOLICY_DESCRIPTIONS.items():
         rows.append([key, format_value(report.metrics.get(VERL + key)), meaning])
     return Section("Off-policy (rollout_corr/)", ["metric", "value", "meaning"], rows)
@@ -64,12 +75,18 @@ def offpolicy_section(report: Report) -> Section:
 
 def importance_section(report: Report) -> Section | None:
     """The rollout_is_* keys, when IS is configured."""
-    keys = sorted(k for k in report.metrics if k.startswith(VERL + "rollout_is_"))
+    prefix = LEGACY if any(k.startswith(LEGACY + "rollout_is_") for k in report.metrics) else VERL
+    keys = sorted(k for k in report.metrics if k.startswith(prefix + "rollout_is_"))
     if not keys:
         return None
     config = report.config
-    title = f"Importance sampling: {config.get('rollout_is')} level, threshold {config.get('rollout_is_threshold')}"
-    return Section(title, ["metric", "value"], _metric_rows(report, keys, VERL))
+    if _semantics(report) == "verl":
+        title = f"Importance sampling: {config.get('rollout_is')} level, threshold {config.get('rollout_is_threshold')}"
+    else:
+        settings = ", ".join(f"{k}={v}" for k, v in config.items()
+                             if k.startswith(("rollout_is", "rollout_token_veto")) and v is not None)
+        title = f"Importance sampling ({_semantics(report)}): {settings}"
+    return Section(title, ["metric", "value"], _metric_rows(report, keys, prefix))
 
 
 def rejection_section(report: Report) -> Section | None:
@@ -77,6 +94,11 @@ def rejection_section(report: Report) -> Section | None:
     keys = [k for k in report.metrics if k.startswith(VERL + "rollout_rs_")]
     if not keys:
         return None
+    if _semantics(report) in ("verl-0.7.0", "verl-0.6.1"):  # one RS mode, no per-option keys
+        config = report.config
+        band = f"[{config.get('rollout_rs_threshold_lower') or '1/U'}, {config.get('rollout_rs_threshold')}]"
+        title = f"Rejection sampling ({_semantics(report)}): {config.get('rollout_rs')} in {band}"
+        return Section(title, ["metric", "value"], _metric_rows(report, sorted(keys), VERL))
     options = [o.strip() for o in str(report.config.get("rollout_rs") or "").split(",") if o.strip()]
     options = list(dict.fromkeys(options))
     suffixes: list[str] = []
@@ -126,6 +148,20 @@ def steps_section(report: Report) -> Section | None:
             row.append(format_value(step["valid_tokens"] if key is None else step["metrics"].get(key), digits=4))
         rows.append(row)
     return Section("Per step", ["step", *[label for label, _ in present]], rows)
+
+
+def group_sections(report: Report) -> list[Section]:
+    """One table per `--by COLUMN`, one row per value, like the per-step table."""
+    sections = []
+    for column, entries in (report.groups or {}).items():
+        if column == "step" or not entries:
+            continue
+        present = [(label, key) for label, key in STEP_COLUMNS
+                   if key is None or any(key in e["metrics"] for e in entries)]
+        rows = [[str(e["group"]), *[format_value(e["valid_tokens"] if key is None else e["metrics"].get(key),
+                                                 digits=4) for _, key in present]] for e in entries]
+        sections.append(Section(f"Per {column}", [column, *[label for label, _ in present]], rows))
+    return sections
 
 
 ROUND_METRICS = (
@@ -201,6 +237,66 @@ def quality_section(report: Report) -> Section | None:
     return Section("Data quality", ["file", "NaN/inf", "sentinel", "logp > 0", "0.0 one side"], rows, highlight)
 
 
+def quantiles_section(report: Report) -> Section | None:
+    """Quantiles of delta and |delta| from the sketch."""
+    signed = report.quantiles.get("log_ratio") or {}
+    absolute = report.quantiles.get("abs_log_ratio") or {}
+    levels = sorted({*signed, *absolute}, key=float)
+    if not levels:
+        return None
+    rows = [[f"{float(q) * 100:g} %", format_value(signed[q]) if q in signed else "",
+             format_value(absolute[q]) if q in absolute else ""] for q in levels]
+    error = report.quantiles.get("relative_error", 0.004)
+    return Section("Quantiles of d = old - rollout", ["quantile", "d", "abs(d)"], rows,
+                   note=f"from a mergeable sketch: within {error * 100:.1f} % of the exact quantile")
+
+
+def _fraction(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.3g} %"
+
+
+def what_if_section(report: Report) -> Section | None:
+    """Every common IS / RS / veto setting at a ladder of thresholds, computed on this dump."""
+    if not report.what_if:
+        return None
+    rows = [[w["name"], _fraction(w.get("truncated_token_fraction")), _fraction(w.get("masked_token_fraction")),
+             _fraction(w.get("masked_seq_fraction")), format_value(w.get("is_weight_mean"), digits=4)
+             if w.get("is_weight_mean") is not None else "-", format_value(w.get("ess"), digits=4)]
+            for w in report.what_if]
+    return Section("What if: every common correction on this dump",
+                   ["setting", "truncated", "masked tok", "masked seq", "IS w mean", "ESS"], rows,
+                   note="truncated / masked tok: share of valid tokens; masked seq: share of rows with any valid "
+                        "token dropped; ESS: verl's formula on the IS weights (IS rows) or on the raw token "
+                        "ratios kept (RS / veto rows). Flags to apply a row: what_if[].flags in the JSON.")
+
+
+WORST_SHOWN = 5
+
+
+def worst_sequences_section(report: Report) -> Section | None:
+    """The rows with the largest |mean d| and max |d|."""
+    if not report.worst_sequences:
+        return None
+    labels = {"abs_mean_log_ratio": "|mean d|", "max_abs_log_ratio": "max |d|"}
+    shown = [e for e in report.worst_sequences if e["rank"] <= WORST_SHOWN]
+    with_id = any(e.get("id") is not None for e in shown)
+    with_step = any(e.get("step") is not None for e in shown)
+    rows = []
+    for entry in shown:
+        row = [f"{labels.get(entry['criterion'], entry['criterion'])} #{entry['rank']}",
+               f"{entry['file'].replace(chr(92), '/').rsplit('/', 1)[-1]}:{entry['row']}"]
+        row += [str(entry.get("id"))] if with_id else []
+        row += [str(entry.get("step"))] if with_step else []
+        row += [format_value(entry["tokens"]), format_value(entry["log_ratio_mean"], digits=4),
+                format_value(entry["max_abs_log_ratio"], digits=4)]
+        rows.append(row)
+    columns = ["by", "sequence", *(["id"] if with_id else []), *(["step"] if with_step else []), "tokens",
+               "mean d", "max abs(d)"]  # no '|' in headers: Markdown tables split on it
+    return Section("Worst sequences", columns, rows,
+                   note="file name:row (0-based row within the file); all ranks and full paths in "
+                        "worst_sequences in the JSON")
+
+
 def build_sections(report: Report) -> list[Section]:
     """Every section that applies to this report, in reading order."""
     candidates = [
@@ -209,9 +305,13 @@ def build_sections(report: Report) -> list[Section]:
         importance_section(report),
         rejection_section(report),
         diagnostics_section(report),
+        quantiles_section(report),
+        what_if_section(report),
+        worst_sequences_section(report),
         rounds_section(report),
         rounds_from_end_section(report),
         steps_section(report),
+        *group_sections(report),
         rounds_by_step_section(report),
         quality_section(report),
         inputs_section(report),
