@@ -41,6 +41,7 @@ def analyze(
     hash_inputs: bool = True,
     rounds: bool = True,
     bootstrap: int = 200,
+    read_workers: int = 2,
     on_batch: Callable[[Any], None] | None = None,
 ) -> Report:
     """Read dumps, run verl's rollout correction over them as one batch, and build the report.
@@ -64,7 +65,7 @@ def analyze(
     with ThreadPoolExecutor(max_workers=1) as pool:
         # Hash in the background: hashlib releases the GIL, so this overlaps with decoding.
         hashes = {f.path: pool.submit(sha256_file, f.path) for f in files} if hash_inputs else {}
-        batches = iter_batches(files, read_options)
+        batches = iter_batches(files, read_options, workers=read_workers)
         if on_batch is not None:
             batches = _observed(batches, on_batch)
         result = run(batches, resolved, device=device, dtype=dtype, by_step=by_step,

@@ -121,10 +121,17 @@ class Chunk:
         return self.row_sum(self.log_ratio)
 
     def row_sum(self, values: torch.Tensor) -> torch.Tensor:
-        """Per-row float64 sum of per-token values (0 for an empty row)."""
+        """Per-row float64 sum of per-token values (0 for an empty row), computed once per tensor."""
+        memo = self.extras.setdefault("_row_sums", {})
+        hit = memo.get(id(values))
+        if hit is not None and hit[0] is values:  # the tensor is kept alive, so its id cannot be reused
+            return hit[1]
         if self.num_rows == 0:
-            return torch.zeros(0, dtype=F64, device=values.device)
-        return segment_sum(values, self.lengths, dtype=F64)
+            out = torch.zeros(0, dtype=F64, device=values.device)
+        else:
+            out = segment_sum(values, self.lengths, dtype=F64)
+        memo[id(values)] = (values, out)
+        return out
 
     def row_mean(self, values: torch.Tensor, exact: bool = False) -> torch.Tensor:
         """verl's masked_mean along a row: sum / (count + 1e-8); 0 for an empty row.

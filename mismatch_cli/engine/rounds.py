@@ -83,16 +83,22 @@ class RoundTable:
             self.sums = torch.cat([self.sums, self.sums.new_zeros((pad, self.sums.shape[1]))])
             self.rows = torch.cat([self.rows, self.rows.new_zeros(pad)])
 
-    def add(self, index: torch.Tensor, run_sums: torch.Tensor, token_index: torch.Tensor,
-            buckets: torch.Tensor) -> None:
-        """Fold per-run sums into their rounds and per-token |delta| buckets into the round sketches."""
+    def add(self, index: torch.Tensor, run_sums: torch.Tensor, token_index: torch.Tensor | None,
+            buckets: torch.Tensor | None, counts: torch.Tensor | None = None) -> None:
+        """Fold per-run sums into their rounds and per-token |delta| buckets into the round sketches.
+
+        With `counts` (every run is round 0) the bucket counts were already taken once for both tables.
+        """
         if index.numel() == 0:
             return
         size = int(index.max().item()) + 1
         self._grow(size)
         self.sums.index_add_(0, index, run_sums)
         self.rows[:size] += torch.bincount(index, minlength=size).to(F64)
-        self.sketch.add_buckets(buckets, token_index, size)
+        if counts is not None:
+            self.sketch.add_counts(counts)
+        else:
+            self.sketch.add_buckets(buckets, token_index, size)
 
     def merge(self, other: RoundTable) -> None:
         """Add another table's sums."""
@@ -157,9 +163,15 @@ class RoundsAccumulator:
         run_tokens_f = run_tokens.to(F64)
         run_row = torch.from_numpy(runs.row).to(device)
 
+        # Single-turn rows hold one run each: the run sums are the (shared, cached) row sums.
+        one_run_per_row = runs.row.size == int(chunk.row_valid.sum()) and bool(
+            np.array_equal(runs.valid_tokens, chunk.lengths.cpu().numpy()[runs.row]))
+
         def run_sum(values: torch.Tensor) -> torch.Tensor:
+            if one_run_per_row:
+                return chunk.row_sum(values)[run_row]
             # Runs are contiguous in the valid-token arrays, so a segment sum per run suffices.
-            return segment_sum(values, run_tokens).to(F64)
+            return segment_sum(values, run_tokens, dtype=F64)
 
         log_ratio_sum = run_sum(chunk.log_ratio)
         columns = [
@@ -191,11 +203,16 @@ class RoundsAccumulator:
         index = torch.from_numpy(runs.index).to(device)
         index_from_end = torch.from_numpy(runs.index_from_end).to(device)
         buckets = self.from_start.sketch.buckets(chunk.abs_log_ratio)
-        # One repeat to tokens carries both indices, packed as (from-start << bits) | from-end.
-        bits = max(int(runs.rounds_per_row.max()), 1).bit_length()
-        token_code = repeat_segments((index << bits) | index_from_end, run_tokens)
-        self.from_start.add(index, table, token_code >> bits, buckets)
-        self.from_end.add(index_from_end, table, token_code & ((1 << bits) - 1), buckets)
+        if int(runs.rounds_per_row.max()) == 1:  # single-turn: every token is round 0 from both ends
+            counts = torch.bincount(buckets, minlength=self.from_start.sketch.num_buckets)
+            self.from_start.add(index, table, None, None, counts)
+            self.from_end.add(index_from_end, table, None, None, counts)
+        else:
+            # One repeat to tokens carries both indices, packed as (from-start << bits) | from-end.
+            bits = max(int(runs.rounds_per_row.max()), 1).bit_length()
+            token_code = repeat_segments((index << bits) | index_from_end, run_tokens)
+            self.from_start.add(index, table, token_code >> bits, buckets)
+            self.from_end.add(index_from_end, table, token_code & ((1 << bits) - 1), buckets)
         self.total_rounds += int(runs.row.size)
         self.max_rounds = max(self.max_rounds, int(runs.rounds_per_row.max()))
 

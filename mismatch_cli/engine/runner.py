@@ -107,6 +107,139 @@ def _group_keys(batch: Batch, column: str) -> np.ndarray:
     return _labels(values)
 
 
+class Analysis:
+    """The whole engine state of one analysis: update with Batches, merge partial states, then finish.
+
+    A partial state built on one shard (a Ray task, a file) merges into another exactly as if both
+    shards had been streamed through one state, so the local and distributed engines agree.
+    """
+
+    def __init__(self, correction: ResolvedCorrection, device: torch.device, dtype: str = "float32",
+                 by_step: bool = False, rounds: bool = True, group_by: tuple[str, ...] = (),
+                 bootstrap: int = DEFAULT_REPLICATES) -> None:
+        if dtype not in DTYPES:
+            raise UsageError(f"unknown dtype '{dtype}'", hint="use float32 or float64")
+        self.correction = correction
+        self.device = device
+        self.dtype = dtype
+        self.by_step = by_step
+        self.rounds = rounds
+        self.group_by = group_by
+        self.overall = BatchAccumulator(correction, device, rounds, bootstrap=bootstrap)
+        # xtuner computes per pack (one input file here) and merges packs; keep one family state per file.
+        self.xtuner = correction.legacy is not None and correction.legacy.offpolicy == "xtuner"
+        self.packs: dict[str, LegacyAccumulator] = {}
+        self.per_step: dict[int, BatchAccumulator] = {}
+        self.per_group: dict[str, dict[Any, BatchAccumulator]] = {column: {} for column in group_by}
+        self.sources: dict[str, SourceStats] = {}
+        self.any_rows = False
+
+    def _breakdown(self) -> BatchAccumulator:
+        # Steps and groups report metrics and rounds only: no what-if, worst sequences or intervals.
+        return BatchAccumulator(self.correction, self.device, self.rounds, extras=False, bootstrap=0)
+
+    def update(self, whole: Batch) -> None:
+        """Fold one reader batch (whole sequences) into every accumulator."""
+        compute_dtype = DTYPES[self.dtype]
+        for batch in bounded(whole):
+            if batch.num_rows == 0:
+                continue
+            self.any_rows = True
+            chunk = make_chunk(batch, self.device, compute_dtype)
+            self.overall.update(chunk)
+            if self.xtuner:
+                pack = self.packs.setdefault(batch.source, LegacyAccumulator(self.correction.legacy, self.device))
+                pack.update(chunk)
+            stats = self.sources.setdefault(batch.source, SourceStats())
+            stats.add(batch.num_rows, chunk.quality)
+            wanted = stats.wanted_examples(chunk.quality)
+            if wanted:  # only chunks with flagged tokens pay for this, until the examples are collected
+                stats.add_examples(quality_examples(batch, wanted, EXAMPLES_PER_CATEGORY))
+            if self.by_step and batch.steps is not None:
+                for step, part in _split_rows(batch, batch.steps):
+                    if step not in self.per_step:
+                        self.per_step[step] = self._breakdown()
+                    self.per_step[step].update(chunk if part is batch else make_chunk(part, self.device,
+                                                                                      compute_dtype))
+            for column in self.group_by:
+                accumulators = self.per_group[column]
+                for label, part in _split_rows(batch, _group_keys(batch, column)):
+                    if label not in accumulators:
+                        if len(accumulators) >= MAX_GROUPS:
+                            raise UsageError(
+                                f"--by {column}: more than {MAX_GROUPS} distinct values, each of which would be "
+                                "analyzed as its own batch",
+                                hint="group by a column with fewer distinct values (e.g. env_name, data_source, "
+                                "step)",
+                            )
+                        accumulators[label] = self._breakdown()
+                    accumulators[label].update(chunk if part is batch else make_chunk(part, self.device,
+                                                                                      compute_dtype))
+
+    def merge(self, other: Analysis) -> None:
+        """Fold a partial state built on another shard of the same input into this one."""
+        self.any_rows |= other.any_rows
+        self.overall.merge(other.overall)
+        for source, pack in other.packs.items():
+            if source in self.packs:
+                self.packs[source].merge(pack)
+            else:
+                self.packs[source] = pack
+        for step, accumulator in other.per_step.items():
+            if step in self.per_step:
+                self.per_step[step].merge(accumulator)
+            else:
+                self.per_step[step] = accumulator
+        for column, accumulators in other.per_group.items():
+            mine = self.per_group.setdefault(column, {})
+            for label, accumulator in accumulators.items():
+                if label in mine:
+                    mine[label].merge(accumulator)
+                else:
+                    mine[label] = accumulator
+        for source, stats in other.sources.items():
+            target = self.sources.setdefault(source, SourceStats())
+            target.add(stats.sequences, stats.quality)
+            target.add_examples(stats.examples)
+
+    def finish(self, source_names: tuple[str, ...] = ()) -> EngineResult:
+        """Compute every metric; raise when the input as a whole has no row or no valid token."""
+        correction = self.correction
+        if not self.any_rows:
+            raise DataError(
+                f"the input has no rows ({', '.join(source_names) or 'no file'})",
+                hint="check that the dump files are not empty",
+            )
+        result = self.overall.compute()
+        if len(self.packs) > 1:
+            merged = merge_xtuner_packs([pack.compute(None)[0] for pack in self.packs.values()],
+                                        head=correction.legacy.family == "xtuner")
+            result.metrics = {k: v for k, v in result.metrics.items() if not k.startswith(correction.legacy.prefix)}
+            result.metrics.update({k: v if math.isfinite(v) else None for k, v in merged.items()})
+            result.notes.append(f"xtuner metrics merged over {len(self.packs)} packs (one per input file) as "
+                                "merge_rollout_is_metrics does: mean, or max / min for max / min keys, in float32")
+        if result.valid_tokens == 0 and not self.xtuner:
+            raise DataError(
+                "no valid token in the whole input: every response_mask value is 0 (or every masked-in "
+                "log-prob is NaN/inf/sentinel), so there is nothing to measure (verl raises ValueError here)",
+                hint="check the mask column (--column response_mask=NAME) or the dump itself",
+            )
+        if result.icepop_rejects_all:
+            threshold = correction.is_threshold
+            raise ConfigError(
+                f"the IcePop band {threshold.lower}_{threshold.upper} rejects every valid token's IS weight, "
+                "so the effective sample size is undefined (verl crashes with ZeroDivisionError here)",
+                hint="widen --is-threshold (e.g. 0.5_5.0) or use a single TIS bound",
+            )
+        steps = {step: acc.compute() for step, acc in sorted(self.per_step.items())}
+        groups = {
+            column: {label: acc.compute() for label, acc in sorted(accumulators.items(), key=_label_order)}
+            for column, accumulators in self.per_group.items()
+        }
+        return EngineResult(overall=result, steps=steps, sources=self.sources, device=str(self.device),
+                            dtype=self.dtype, groups=groups)
+
+
 def run(
     batches: Iterable[Batch],
     correction: ResolvedCorrection,
@@ -125,88 +258,12 @@ def run(
     (`Batch.groups`); each group is a full batch of its own, so token means of the groups combine to the
     overall token mean with the groups' valid-token counts as weights.
     """
-    if dtype not in DTYPES:
-        raise UsageError(f"unknown dtype '{dtype}'", hint="use float32 or float64")
-    torch_device = resolve_device(device)
     if threads:
         torch.set_num_threads(threads)
-    overall = BatchAccumulator(correction, torch_device, rounds, bootstrap=bootstrap)
-
-    def breakdown() -> BatchAccumulator:
-        # Steps and groups report metrics and rounds only: no what-if, worst sequences or intervals.
-        return BatchAccumulator(correction, torch_device, rounds, extras=False, bootstrap=0)
-    # xtuner computes per pack (one input file here) and merges packs; keep one family state per file.
-    xtuner = correction.legacy is not None and correction.legacy.offpolicy == "xtuner"
-    packs: dict[str, LegacyAccumulator] = {}
-    per_step: dict[int, BatchAccumulator] = {}
-    per_group: dict[str, dict[Any, BatchAccumulator]] = {column: {} for column in group_by}
-    sources: dict[str, SourceStats] = {}
-    compute_dtype = DTYPES[dtype]
-    any_rows = False
-    for batch in (piece for whole in batches for piece in bounded(whole)):
-        if batch.num_rows == 0:
-            continue
-        any_rows = True
-        chunk = make_chunk(batch, torch_device, compute_dtype)
-        overall.update(chunk)
-        if xtuner:
-            packs.setdefault(batch.source, LegacyAccumulator(correction.legacy, torch_device)).update(chunk)
-        stats = sources.setdefault(batch.source, SourceStats())
-        stats.add(batch.num_rows, chunk.quality)
-        wanted = stats.wanted_examples(chunk.quality)
-        if wanted:  # only chunks with flagged tokens pay for this, until the examples are collected
-            stats.add_examples(quality_examples(batch, wanted, EXAMPLES_PER_CATEGORY))
-        if by_step and batch.steps is not None:
-            for step, part in _split_rows(batch, batch.steps):
-                if step not in per_step:
-                    per_step[step] = breakdown()
-                accumulator = per_step[step]
-                accumulator.update(chunk if part is batch else make_chunk(part, torch_device, compute_dtype))
-        for column in group_by:
-            accumulators = per_group[column]
-            for label, part in _split_rows(batch, _group_keys(batch, column)):
-                if label not in accumulators:
-                    if len(accumulators) >= MAX_GROUPS:
-                        raise UsageError(
-                            f"--by {column}: more than {MAX_GROUPS} distinct values, each of which would be "
-                            "analyzed as its own batch",
-                            hint="group by a column with fewer distinct values (e.g. env_name, data_source, step)",
-                        )
-                    accumulators[label] = breakdown()
-                accumulators[label].update(chunk if part is batch else make_chunk(part, torch_device, compute_dtype))
-    if not any_rows:
-        raise DataError(
-            f"the input has no rows ({', '.join(source_names) or 'no file'})",
-            hint="check that the dump files are not empty",
-        )
-    result = overall.compute()
-    if len(packs) > 1:
-        merged = merge_xtuner_packs([pack.compute(None)[0] for pack in packs.values()],
-                                    head=correction.legacy.family == "xtuner")
-        result.metrics = {k: v for k, v in result.metrics.items() if not k.startswith(correction.legacy.prefix)}
-        result.metrics.update({k: v if math.isfinite(v) else None for k, v in merged.items()})
-        result.notes.append(f"xtuner metrics merged over {len(packs)} packs (one per input file) as "
-                            "merge_rollout_is_metrics does: mean, or max / min for max / min keys, in float32")
-    if result.valid_tokens == 0 and not xtuner:
-        raise DataError(
-            "no valid token in the whole input: every response_mask value is 0 (or every masked-in "
-            "log-prob is NaN/inf/sentinel), so there is nothing to measure (verl raises ValueError here)",
-            hint="check the mask column (--column response_mask=NAME) or the dump itself",
-        )
-    if result.icepop_rejects_all:
-        threshold = correction.is_threshold
-        raise ConfigError(
-            f"the IcePop band {threshold.lower}_{threshold.upper} rejects every valid token's IS weight, "
-            "so the effective sample size is undefined (verl crashes with ZeroDivisionError here)",
-            hint="widen --is-threshold (e.g. 0.5_5.0) or use a single TIS bound",
-        )
-    steps = {step: acc.compute() for step, acc in sorted(per_step.items())}
-    groups = {
-        column: {label: acc.compute() for label, acc in sorted(accumulators.items(), key=_label_order)}
-        for column, accumulators in per_group.items()
-    }
-    return EngineResult(overall=result, steps=steps, sources=sources, device=str(torch_device), dtype=dtype,
-                        groups=groups)
+    analysis = Analysis(correction, resolve_device(device), dtype, by_step, rounds, group_by, bootstrap)
+    for batch in batches:
+        analysis.update(batch)
+    return analysis.finish(source_names)
 
 
 def _label_order(item: tuple[Any, Any]) -> tuple[bool, Any]:

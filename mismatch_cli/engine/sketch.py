@@ -47,6 +47,11 @@ class LogSketch:
         counts = torch.bincount(flat, minlength=num_groups * NUM_BUCKETS)
         self.counts[:num_groups] += counts.view(num_groups, NUM_BUCKETS)
 
+    def add_counts(self, counts: torch.Tensor, group: int = 0) -> None:
+        """Add precomputed bucket counts to one group."""
+        self._grow(group + 1)
+        self.counts[group] += counts.to(self.counts.device)
+
     def update(self, values: torch.Tensor, groups: torch.Tensor | None = None) -> None:
         """Count non-negative `values`, each in group `groups[i]` (group 0 when None)."""
         self.add_buckets(self.buckets(values), groups)

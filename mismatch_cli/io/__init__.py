@@ -48,14 +48,23 @@ READERS: dict[str, Callable[[str, ReadOptions], Iterator[Batch]]] = {
 }
 
 
-def iter_batches(files: Sequence[InputFile], options: ReadOptions) -> Iterator[Batch]:
-    """Stream every file's Batches, file after file, in input order."""
+def iter_batches(files: Sequence[InputFile], options: ReadOptions, workers: int = 0) -> Iterator[Batch]:
+    """Stream every file's Batches in input order; `workers` > 0 reads ahead on that many threads."""
     check_options(options)
     for file in files:
-        reader = READERS.get(file.format)
-        if reader is None:
+        if file.format not in READERS:
             raise InputError(
                 f"unknown input format {file.format!r} for {file.path}",
                 hint=f"use one of {', '.join(FORMAT_NAMES)} (--input-format)",
             )
-        yield from reader(file.path, options)
+    if workers > 0:
+        from mismatch_cli.io.parallel import iter_batches_parallel
+
+        yield from iter_batches_parallel(files, options, _read_file, workers=workers)
+        return
+    for file in files:
+        yield from _read_file(file.path, file.format, options)
+
+
+def _read_file(path: str, file_format: str, options: ReadOptions) -> Iterator[Batch]:
+    return READERS[file_format](path, options)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -80,18 +80,27 @@ def _steps(arr: pa.Array, name: str, source: str, first_row: int) -> np.ndarray:
     return arr.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
-def read_parquet(path: str, options: ReadOptions) -> Iterator[Batch]:
-    """Stream a wide parquet file as Batches of at most `chunk_rows` rows, reading only the needed columns."""
+def read_parquet(path: str, options: ReadOptions, row_groups: Sequence[int] | None = None) -> Iterator[Batch]:
+    """Stream a wide parquet file (or some of its row groups) as Batches, reading only the needed columns."""
     check_file(path)
     try:
         handle = pq.ParquetFile(path, pre_buffer=False)
     except (pa.ArrowException, OSError) as exc:
         raise InputError(f"cannot read {path} as parquet: {reason(exc)}", hint=_READ_HINT) from exc
     with handle:
-        yield from _read_open(handle, path, options)
+        yield from _read_open(handle, path, options, row_groups)
 
 
-def _read_open(handle: pq.ParquetFile, path: str, options: ReadOptions) -> Iterator[Batch]:
+def row_group_count(path: str) -> int:
+    """Number of row groups of a parquet file (0 when its footer cannot be read; the reader reports why)."""
+    try:
+        return pq.ParquetFile(path, pre_buffer=False).metadata.num_row_groups
+    except (pa.ArrowException, OSError):
+        return 0
+
+
+def _read_open(handle: pq.ParquetFile, path: str, options: ReadOptions,
+               row_groups: Sequence[int] | None = None) -> Iterator[Batch]:
     schema = handle.schema_arrow
     available = schema.names
     roles = resolve_roles(available, options, path)
@@ -130,13 +139,18 @@ def _read_open(handle: pq.ParquetFile, path: str, options: ReadOptions) -> Itera
         dict.fromkeys([*names.values(), *(n for n in (step_name, id_name) if n is not None), *groups])
     )
 
-    first_row = 0
+    metadata = handle.metadata
+    selected = range(metadata.num_row_groups) if row_groups is None else row_groups
+    first_row = sum(metadata.row_group(g).num_rows for g in range(min(selected, default=0)))
     try:
-        for record_batch in handle.iter_batches(batch_size=options.chunk_rows, columns=needed):
-            if record_batch.num_rows == 0:
-                continue
-            yield _to_batch(record_batch, names, step_name, id_name, groups, path, first_row)
-            first_row += record_batch.num_rows
+        # One row group at a time, so a row-group range read on its own (parallel reading) yields exactly
+        # the batches a whole-file read does.
+        for group in selected:
+            for record_batch in handle.iter_batches(batch_size=options.chunk_rows, columns=needed, row_groups=[group]):
+                if record_batch.num_rows == 0:
+                    continue
+                yield _to_batch(record_batch, names, step_name, id_name, groups, path, first_row)
+                first_row += record_batch.num_rows
     except (pa.ArrowException, OSError) as exc:
         raise InputError(
             f"cannot read {path} as parquet: {reason(exc)} (after row {first_row})", hint=_READ_HINT
