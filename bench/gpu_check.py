@@ -55,6 +55,30 @@ def parity(cases_path: Path) -> bool:
     return ok
 
 
+def legacy_parity() -> bool:
+    """Every older-family case (legacy_parity_cases.json) on CUDA within the parity tolerance."""
+    from legacy_cases import load_legacy_cases, matches
+
+    from mismatch_cli.legacy import resolve_family
+
+    ok, checked = True, 0
+    for case in load_legacy_cases():
+        if case.error is not None:
+            continue
+        resolved, _ = resolve_family(case.family, case.fields)
+        metrics = run([case.batch], resolved, device="cuda", dtype=case.dtype).overall.metrics
+        rel, abs_ = (1e-9, 1e-12) if case.dtype == "float64" else (1e-3, 1e-5)
+        for key, want in case.expected.items():
+            got = metrics.get(key)
+            if not (matches(got, want, rel, abs_) or (key in case.overflows and got is None)):
+                print(f"FAIL {case.id} {key}: cuda {got} upstream {want}")
+                ok = False
+        checked += 1
+    print(f"legacy parity on CUDA: {checked} numeric (case, backend, dtype) results, "
+          f"{'all pass' if ok else 'FAILURES'}")
+    return ok
+
+
 def synthetic_batches(tokens: int, seed: int = 0, row_length: int = 512) -> list[Batch]:
     """In-memory flat batches of about `tokens` positions, 2^20 positions each."""
     rng = np.random.default_rng(seed)
@@ -121,6 +145,7 @@ def main() -> None:
         sys.exit("no CUDA device")
     print(f"device: {torch.cuda.get_device_name()} torch {torch.__version__}")
     ok = parity(args.cases)
+    ok = legacy_parity() and ok
     throughput(args.tokens)
     end_to_end(args.tokens)
     sys.exit(0 if ok else 1)

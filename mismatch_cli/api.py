@@ -42,6 +42,8 @@ def analyze(
     rounds: bool = True,
     bootstrap: int = 200,
     read_workers: int = 2,
+    engine: str = "local",
+    ray_address: str | None = None,
     on_batch: Callable[[Any], None] | None = None,
 ) -> Report:
     """Read dumps, run verl's rollout correction over them as one batch, and build the report.
@@ -65,12 +67,20 @@ def analyze(
     with ThreadPoolExecutor(max_workers=1) as pool:
         # Hash in the background: hashlib releases the GIL, so this overlaps with decoding.
         hashes = {f.path: pool.submit(sha256_file, f.path) for f in files} if hash_inputs else {}
-        batches = iter_batches(files, read_options, workers=read_workers)
-        if on_batch is not None:
-            batches = _observed(batches, on_batch)
-        result = run(batches, resolved, device=device, dtype=dtype, by_step=by_step,
-                     source_names=tuple(f.path for f in files), rounds=rounds, group_by=group_by,
-                     bootstrap=bootstrap)
+        names = tuple(f.path for f in files)
+        if engine == "ray":
+            from mismatch_cli.engine.distributed import run_on_ray
+
+            result = run_on_ray(files, read_options, resolved, dtype=dtype, by_step=by_step, rounds=rounds,
+                                group_by=group_by, bootstrap=bootstrap, address=ray_address, source_names=names)
+        elif engine == "local":
+            batches = iter_batches(files, read_options, workers=read_workers)
+            if on_batch is not None:
+                batches = _observed(batches, on_batch)
+            result = run(batches, resolved, device=device, dtype=dtype, by_step=by_step, source_names=names,
+                         rounds=rounds, group_by=group_by, bootstrap=bootstrap)
+        else:
+            raise UsageError(f"unknown engine '{engine}'", hint="use local or ray")
         digests = {path: future.result() for path, future in hashes.items()}
     return build_report(files, digests, result, correction, resolved, by_step, group_by=group_by)
 

@@ -113,6 +113,13 @@ class MaskDtype(str, enum.Enum):
     bool = "bool"
 
 
+class Engine(str, enum.Enum):
+    """Where the accumulators run."""
+
+    local = "local"
+    ray = "ray"
+
+
 class Dtype(str, enum.Enum):
     """Compute precision of per-token math (reductions are always float64)."""
 
@@ -385,6 +392,10 @@ def analyze(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = Dtype.float32,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="Only errors on stderr.")] = False,
+    engine: Annotated[Engine | None, typer.Option("--engine", help="local, or ray: the same accumulators on a "
+                                                  "Ray cluster (pip install 'mismatch-cli[ray]').")] = None,
+    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join (default: "
+                                                    "RAY_ADDRESS, else a local one).")] = None,
 ) -> None:
     """Analyze rollout dumps: verl's rollout-correction metrics, health summary, report.json."""
     from mismatch_cli.api import analyze as run_analysis
@@ -411,6 +422,8 @@ def analyze(
             dtype=dtype.value,
             group_by=_parse_by(by),
             on_batch=on_batch,
+            engine=(engine or Engine.local).value,
+            ray_address=ray_address,
         )
     rendered = _render(report, output_format)
     figures: dict[str, bytes] = {}

@@ -249,7 +249,11 @@ def _tensor(array: np.ndarray, device: torch.device, dtype: torch.dtype | None =
         # Arrow hands out read-only zero-copy arrays; we never write into them, so torch's warning is moot.
         warnings.simplefilter("ignore", UserWarning)
         tensor = torch.from_numpy(np.ascontiguousarray(array))
-    return tensor.to(device, dtype, non_blocking=device.type == "cuda")
+    if device.type == "cuda":
+        # Pinned host memory lets the copy run asynchronously: the GPU computes on this chunk while the
+        # CPU (and the read-ahead threads) prepare the next one.
+        return tensor.pin_memory().to(device, dtype, non_blocking=True)
+    return tensor.to(device, dtype)
 
 
 def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype) -> Chunk:
