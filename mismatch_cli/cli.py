@@ -199,22 +199,9 @@ def _parse_columns(pairs: list[str]) -> dict[str, str]:
 
 
 def _load_config_table(path: Path | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise UsageError(f"cannot read config {path}: {exc.strerror}", hint="check the --config path") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: invalid TOML: {exc}", hint="fix the TOML syntax") from None
-    table = data.get("correction", data.get("tool", {}).get("mismatch", {}).get("correction", {}))
-    if not isinstance(table, dict):
-        raise UsageError(f"{path}: [correction] must be a table", hint="see the README's config example")
-    return dict(table)
+    from mismatch_cli.tomlconfig import load_table
+
+    return {} if path is None else load_table(path, "correction")
 
 
 def _check_writable_dir(directory: Path, flag: str) -> None:

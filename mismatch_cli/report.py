@@ -57,7 +57,7 @@ class Report:
 
     def to_json(self) -> str:
         """Strict JSON (non-finite numbers become null)."""
-        return json.dumps(_finite(self.to_dict()), indent=2, allow_nan=False) + "\n"
+        return json.dumps(strict_json(self.to_dict()), indent=2, allow_nan=False) + "\n"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "report") -> Report:
@@ -85,11 +85,12 @@ class Report:
         return cls.from_dict(data, source=str(path))
 
 
-def _finite(value: Any) -> Any:
+def strict_json(value: Any) -> Any:
+    """A JSON-ready value with every non-finite float replaced by None (JSON has no inf / NaN)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: strict_json(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_finite(v) for v in value]
+        return [strict_json(v) for v in value]
     return value

@@ -8,7 +8,6 @@ from __future__ import annotations
 import difflib
 import math
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,19 +86,9 @@ def load_check_config(path: Path | None) -> CheckConfig:
     """Read `[check]` (or `[tool.mismatch.check]`) from a TOML file; no file means no rules."""
     if path is None:
         return CheckConfig()
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except OSError as exc:
-        raise UsageError(f"cannot read config {path}: {exc.strerror}", hint="check the --config path") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: invalid TOML: {exc}", hint="fix the TOML syntax") from None
-    table = data.get("check", data.get("tool", {}).get("mismatch", {}).get("check", {}))
-    if not isinstance(table, dict):
-        raise UsageError(f"{path}: [check] must be a table", hint="see the README's [check] example")
+    from mismatch_cli.tomlconfig import load_table
+
+    table = load_table(path, "check")
     unknown = sorted(set(table) - set(CHECK_KEYS) - {"fail-on"})
     if unknown:
         raise UsageError(f"{path}: unknown key(s) in [check]: {', '.join(unknown)}",

@@ -228,19 +228,7 @@ def bounded(batch: Batch, max_positions: int = MAX_CHUNK_POSITIONS) -> Iterator[
     while start < batch.num_rows:
         limit = offsets[start] + max_positions
         stop = max(int(np.searchsorted(offsets, limit, side="right")) - 1, start + 1)
-        a, b = offsets[start], offsets[stop]
-        yield Batch(
-            old_log_probs=batch.old_log_probs[a:b],
-            rollout_log_probs=batch.rollout_log_probs[a:b],
-            response_mask=batch.response_mask[a:b],
-            offsets=offsets[start : stop + 1] - a,
-            source=batch.source,
-            first_row=batch.first_row + start,
-            steps=None if batch.steps is None else batch.steps[start:stop],
-            sequence_ids=None if batch.sequence_ids is None else batch.sequence_ids[start:stop],
-            labels=batch.labels,
-            groups={name: values[start:stop] for name, values in batch.groups.items()},
-        )
+        yield batch.slice_rows(start, stop)
         start = stop
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -14,7 +13,7 @@ from rich.table import Table
 
 from mismatch_cli.compare import MARKS, Comparison, MetricRow
 from mismatch_cli.render.sections import format_value
-from mismatch_cli.report import Report
+from mismatch_cli.report import Report, strict_json
 from mismatch_cli.thresholds import CheckResult
 
 COLUMNS = ["", "metric", "base", "base 95% CI", "candidate", "candidate 95% CI", "change", "rel.", "better"]
@@ -198,17 +197,7 @@ def render_compare_markdown(comparison: Comparison) -> str:
 
 def render_compare_json(comparison: Comparison) -> str:
     """The comparison as strict JSON."""
-    return json.dumps(_finite(comparison.to_dict()), indent=2, allow_nan=False) + "\n"
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
+    return json.dumps(strict_json(comparison.to_dict()), indent=2, allow_nan=False) + "\n"
 
 
 # -------------------------------------------------------------------------------------------------- plots
