@@ -383,6 +383,8 @@ def analyze(
                                                   "Ray cluster (pip install 'mismatch-cli[ray]').")] = None,
     ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join (default: "
                                                     "RAY_ADDRESS, else a local one).")] = None,
+    bootstrap: Annotated[int, typer.Option("--bootstrap", min=0, help="Poisson-bootstrap replicates for the "
+                                           "report's 95% intervals (0 = off, a little faster).")] = 200,
 ) -> None:
     """Analyze rollout dumps: verl's rollout-correction metrics, health summary, report.json."""
     from mismatch_cli.api import analyze as run_analysis
@@ -411,6 +413,7 @@ def analyze(
             on_batch=on_batch,
             engine=(engine or Engine.local).value,
             ray_address=ray_address,
+            bootstrap=bootstrap,
         )
     rendered = _render(report, output_format)
     figures: dict[str, bytes] = {}
