@@ -37,7 +37,8 @@ def test_ray_engine_equals_local(cluster, tmp_path) -> None:
         if value is None or (isinstance(value, float) and math.isnan(value)):
             assert other is None or math.isnan(other), key
         else:
-            assert abs(other - value) <= 1e-12 * abs(value) + 1e-15, (key, value, other)
+            # Shards merge in another order than one stream sums: equal up to float64 summation order.
+            assert abs(other - value) <= 1e-10 * abs(value) + 1e-14, (key, value, other)
     assert [s["step"] for s in local.steps] == [s["step"] for s in distributed.steps]
     for mine, theirs in zip(local.steps, distributed.steps, strict=True):
         for key, value in mine["metrics"].items():
@@ -45,5 +46,5 @@ def test_ray_engine_equals_local(cluster, tmp_path) -> None:
                 assert abs(theirs["metrics"][key] - value) <= 1e-12 * abs(value) + 1e-15, key
     assert local.intervals.keys() == distributed.intervals.keys()
     for key, (low, high) in local.intervals.items():
-        assert distributed.intervals[key] == pytest.approx([low, high], rel=1e-12, abs=1e-15)
+        assert distributed.intervals[key] == pytest.approx([low, high], rel=1e-9, abs=1e-14)
     assert len(local.rounds) == len(distributed.rounds) >= 2
