@@ -595,11 +595,12 @@ def _rules(config: Path | None, fail_on: list[str], missing: MissingPolicy | Non
     return table, rules, policy
 
 
-def _analyzer(correction: Any, column: list[str], no_mask: bool, device: str, dtype: Dtype, bootstrap: int) -> Any:
+def _analyzer(correction: Any, column: list[str], no_mask: bool, device: str, dtype: Dtype, bootstrap: int,
+              input_format: InputFormat = InputFormat.auto) -> Any:
     from mismatch_cli.api import analyze as run_analysis
     from mismatch_cli.io import ReadOptions
 
-    read_options = ReadOptions(columns=_parse_columns(column), no_mask=no_mask)
+    read_options = ReadOptions(columns=_parse_columns(column), no_mask=no_mask, input_format=input_format.value)
     return functools.partial(run_analysis, correction=correction, read_options=read_options, device=device,
                              dtype=dtype.value, bootstrap=bootstrap)
 
@@ -638,6 +639,7 @@ def compare(
     ] = None,
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip the overlaid plots in --out-dir.")] = False,
     bootstrap: BootstrapOpt = 200,
+    input_format: InputFormatOpt = InputFormat.auto,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = Dtype.float32,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="Only the verdict and errors (stderr).")] = False,
@@ -658,7 +660,7 @@ def compare(
         _check_writable_dir(out_dir, "--out-dir")
     if output is not None and output != "-" and Path(output).is_dir():
         raise UsageError(f"-o {output} is a directory", hint="give a file name, or use --out-dir for a directory")
-    analyze_side = _analyzer(correction, column, no_mask, device, dtype, bootstrap)
+    analyze_side = _analyzer(correction, column, no_mask, device, dtype, bootstrap, input_format)
     base_report, base_is_report = load_side(base, analyze_side)
     candidate_report, candidate_is_report = load_side(candidate, analyze_side)
     comparison = compare_reports(base_report, candidate_report, rules, policy, base, candidate)
@@ -728,6 +730,7 @@ def check(
     column: ColumnOpt = [],  # noqa: B006
     no_mask: NoMaskOpt = False,
     bootstrap: BootstrapOpt = 200,
+    input_format: InputFormatOpt = InputFormat.auto,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = Dtype.float32,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="Only the verdict and errors (stderr).")] = False,
@@ -770,7 +773,7 @@ def check(
         require_baseline(rules, baseline)
         if out_dir is not None:
             _check_writable_dir(out_dir, "--out-dir")
-        analyze_side = _analyzer(correction, column, no_mask, device, dtype, bootstrap)
+        analyze_side = _analyzer(correction, column, no_mask, device, dtype, bootstrap, input_format)
         if len(inputs) == 1 and is_report_path(inputs[0]):
             candidate, _ = load_side(inputs[0], analyze_side)
         else:
