@@ -268,19 +268,29 @@ def read_safetensors(path: str, options: ReadOptions) -> Iterator[Batch]:
             )
 
 
+def _per_row_integers(
+    reader: _Reader, tensors: dict[str, _Tensor], key: str, num_rows: int, path: str, what: str
+) -> np.ndarray | None:
+    """A 1-D integer tensor named `key` with one value per row, or None when there is no such tensor."""
+    tensor = tensors.get(key)
+    if tensor is None:
+        return None
+    if tensor.dtype not in _INT_DTYPES or tensor.shape != (num_rows,):
+        raise InputError(
+            f"expected tensor {key!r} in {path} to be integer [{num_rows}] (one {what} per row), "
+            f"got {tensor.dtype} {_shape(tensor)}",
+            hint=f"store one integer {what} per sequence, or put a single {what} in __metadata__[{key!r}]",
+        )
+    return reader.whole(tensor)
+
+
 def _steps(
     reader: _Reader, tensors: dict[str, _Tensor], metadata: dict[str, str], key: str, num_rows: int, path: str
 ) -> np.ndarray | None:
     """Per-row steps from a 1-D integer tensor named `key`, else from `__metadata__[key]`, else None."""
-    tensor = tensors.get(key)
-    if tensor is not None:
-        if tensor.dtype not in _INT_DTYPES or tensor.shape != (num_rows,):
-            raise InputError(
-                f"expected tensor {key!r} in {path} to be integer [{num_rows}] (one step per row), "
-                f"got {tensor.dtype} {_shape(tensor)}",
-                hint=f"store one integer step per sequence, or put a single step in __metadata__[{key!r}]",
-            )
-        return reader.whole(tensor).astype(np.int64)
+    values = _per_row_integers(reader, tensors, key, num_rows, path, "step")
+    if values is not None:
+        return values.astype(np.int64)
     if key in metadata:
         try:
             step = int(metadata[key].strip())
@@ -297,15 +307,9 @@ def _group(
     reader: _Reader, tensors: dict[str, _Tensor], metadata: dict[str, str], key: str, num_rows: int, path: str
 ) -> np.ndarray:
     """Per-row group labels from a 1-D integer tensor named `key`, else one label from `__metadata__[key]`."""
-    tensor = tensors.get(key)
-    if tensor is not None:
-        if tensor.dtype not in _INT_DTYPES or tensor.shape != (num_rows,):
-            raise InputError(
-                f"expected tensor {key!r} in {path} to be integer [{num_rows}] (one group label per row), "
-                f"got {tensor.dtype} {_shape(tensor)}",
-                hint=f"store one integer label per sequence, or put a single label in __metadata__[{key!r}]",
-            )
-        return group_labels(reader.whole(tensor))
+    values = _per_row_integers(reader, tensors, key, num_rows, path, "label")
+    if values is not None:
+        return group_labels(values)
     if key in metadata:
         labels = np.empty(num_rows, dtype=object)
         labels[:] = metadata[key]
