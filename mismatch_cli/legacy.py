@@ -1,7 +1,7 @@
 """Seed-era correction families (verl 0.6.0 / 0.6.1 / 0.7.0 / 0.7.1, xtuner): configs, validation, presets.
 
 Each family takes its own upstream field names verbatim and is validated the way its upstream code
-validates at compute time (reference: shared/reference/legacy_semantics.md). The result is a
+validates at compute time (reference: docs/legacy-semantics.md). The result is a
 `LegacySpec`, a plain description of which metric blocks the engine must compute.
 """
 

@@ -1,6 +1,6 @@
 """Seed-era families (verl 0.6.0 / 0.6.1 / 0.7.0 / 0.7.1 IS, xtuner) as streaming accumulators.
 
-Formulas: shared/reference/legacy_semantics.md. Every block keeps fixed-size float64 state (sums,
+Formulas: docs/legacy-semantics.md. Every block keeps fixed-size float64 state (sums,
 extrema, Welford moments), except verl 0.6.0's exact percentiles, which keep the raw weights up to a
 cap and then fall back to the quantile sketch.
 """

@@ -1,6 +1,6 @@
 """An independent float64 numpy transcription of verl 0.9.1's rollout correction, on padded [B, T].
 
-Written from ../shared/reference/verl_semantics.md, deliberately in verl's own padded shape (not our
+Written from docs/verl-semantics.md, deliberately in verl's own padded shape (not our
 flat streaming form), so that it checks the engine rather than mirroring it.
 """
 

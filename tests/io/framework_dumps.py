@@ -1,5 +1,5 @@
 """Write small dumps in the layouts other frameworks use, from the documented key names
-(`../shared/reference/dump_formats.md`), plus the equivalent wide parquet; shared by the reader,
+(`docs/formats.md`), plus the equivalent wide parquet; shared by the reader,
 convert and CLI tests.
 
 Every sequence is a `Seq`: a prompt length (used by the full-sequence formats) and the response's
