@@ -464,9 +464,8 @@ def merge_xtuner_packs(packs: list[dict[str, float]], head: bool) -> dict[str, f
         elif "min" in key:
             merged = min(values)
         else:
-            total = np.float32(0.0)
-            for value in values:
-                total = np.float32(total + value)
-            merged = np.float32(total / np.float32(count))
+            # Upstream sums one float32 tensor (torch's reduction order, not a running sum) and divides
+            # on the host in float64: `sum.item() / count`.
+            merged = torch.tensor(np.asarray(values, dtype=np.float32)).sum().item() / count
         out[key] = float(merged)
     return out
