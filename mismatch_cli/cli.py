@@ -35,6 +35,9 @@ app = typer.Typer(
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+QUIET_HELP = "Quiet: no progress, no warnings, no notes; only the requested output and errors."
+QuietOpt = Annotated[bool, typer.Option("-q", "--quiet", help=QUIET_HELP)]
+
 
 def _stderr() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True)
@@ -98,6 +101,7 @@ class Semantics(str, enum.Enum):
     """Which trainer version's correction rules to reproduce."""
 
     verl = "verl"
+    verl_08 = "verl-0.8"
     verl_071 = "verl-0.7.1"
     verl_070 = "verl-0.7.0"
     verl_061 = "verl-0.6.1"
@@ -293,7 +297,7 @@ def _correction(
     semantics: Semantics | None = None,
     family_flags: dict[str, Any] | None = None,
 ) -> Any:
-    from mismatch_cli.config import CorrectionConfig, build_config
+    from mismatch_cli.config import VERL_FAMILIES, CorrectionConfig, build_config
     from mismatch_cli.legacy import FAMILIES, family_fields_from_flags
 
     table = _load_config_table(config_file)
@@ -305,12 +309,12 @@ def _correction(
              "--rs": rs, "--rs-threshold": rs_threshold, "--k1-bounds": k1_bounds.value if k1_bounds else None,
              "--is": (None if is_level is IsLevel.none else is_level.value) if is_level is not None else None,
              **(family_flags or {})}
-    if family != "verl":
+    if family not in VERL_FAMILIES:
         fields = {**table, **family_fields_from_flags(family, flags)}
         if is_level is IsLevel.none:
             fields["rollout_is"] = None
         return CorrectionConfig(semantics=family, family_fields=fields)
-    family_fields_from_flags("verl", {k: v for k, v in flags.items() if v is not None and k not in (
+    family_fields_from_flags(family, {k: v for k, v in flags.items() if v is not None and k not in (
         "--preset", "--is-threshold", "--is-batch-normalize", "--rs", "--rs-threshold", "--k1-bounds", "--is")})
     from mismatch_cli.legacy import FIELD_HOME, FIELDS
 
@@ -333,7 +337,7 @@ def _correction(
         overrides["rollout_rs_threshold"] = _threshold_value(rs_threshold)
     if k1_bounds is not None:
         overrides["k1_bounds"] = k1_bounds.value
-    return build_config(overrides, preset=preset)
+    return build_config(overrides, preset=preset, semantics=family)
 
 
 @app.command()
@@ -378,7 +382,7 @@ def analyze(
     ] = False,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = Dtype.float32,
-    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="Only errors on stderr.")] = False,
+    quiet: QuietOpt = False,
     engine: Annotated[Engine | None, typer.Option("--engine", help="local, or ray: the same accumulators on a "
                                                   "Ray cluster (pip install 'mismatch-cli[ray]').")] = None,
     ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join (default: "
@@ -415,7 +419,7 @@ def analyze(
             ray_address=ray_address,
             bootstrap=bootstrap,
         )
-    rendered = _render(report, output_format)
+    rendered = _render(report, output_format, quiet)
     figures: dict[str, bytes] = {}
     page = ""
     if out_dir is not None and not no_plots:
@@ -432,7 +436,7 @@ def analyze(
     if output is not None and output != "-":
         _write_atomic(Path(output), rendered)
     else:
-        _print_rendered(report, output_format, rendered)
+        _print_rendered(report, output_format, rendered, quiet)
     err = _stderr()
     if not quiet:
         if output_format is not OutputFormat.table or (output is not None and output != "-"):
@@ -447,7 +451,7 @@ def analyze(
             err.print(f"wrote {output}", markup=False)
 
 
-def _render(report: Any, output_format: OutputFormat) -> str:
+def _render(report: Any, output_format: OutputFormat, quiet: bool = False) -> str:
     if output_format is OutputFormat.json:
         return report.to_json()
     if output_format is OutputFormat.markdown:
@@ -457,15 +461,15 @@ def _render(report: Any, output_format: OutputFormat) -> str:
     from mismatch_cli.render.table import render_tables
 
     console = Console(record=True, file=open(os.devnull, "w"), width=120, color_system=None)  # noqa: SIM115
-    render_tables(report, console)
+    render_tables(report, console, warnings=not quiet)
     return console.export_text()
 
 
-def _print_rendered(report: Any, output_format: OutputFormat, rendered: str) -> None:
+def _print_rendered(report: Any, output_format: OutputFormat, rendered: str, quiet: bool = False) -> None:
     if output_format is OutputFormat.table:
         from mismatch_cli.render.table import render_tables
 
-        render_tables(report, Console(highlight=False))
+        render_tables(report, Console(highlight=False), warnings=not quiet)
     else:
         sys.stdout.write(rendered)
 
@@ -477,6 +481,7 @@ def presets(
         OutputFormat.table
     ),
     semantics: SemanticsOpt = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """List the rollout-correction presets of verl (or of an older family) with their parameters."""
     import json
@@ -492,15 +497,19 @@ def presets(
                   "rollout_rs_threshold_lower", "rollout_token_veto_threshold", "bypass_mode")
         rows = [{"name": name, **{f: values.get(f) for f in fields}, "summary": summary}
                 for name, (values, summary) in legacy_presets(family).items()]
-    elif family in ("verl", "verl-0.7.1"):
-        chosen = PRESETS if family == "verl" else presets_071()
+    elif family in ("verl", "verl-0.8", "verl-0.7.1"):
+        chosen = presets_071() if family == "verl-0.7.1" else PRESETS
         rows = [{"name": p.name, **{f: getattr(p.config, f) for f in fields}, "summary": p.summary}
                 for p in chosen.values()]
     else:
         rows = []  # verl 0.6.0's mismatch_helper and xtuner configure fields directly; they ship no presets
-        _stderr().print(f"{family} has no presets: set its fields (see `mismatch analyze --help`)", markup=False)
+        if not quiet:
+            _stderr().print(f"{family} has no presets: set its fields (see `mismatch analyze --help`)", markup=False)
     if output_format is OutputFormat.json:
-        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        from mismatch_cli.report import SCHEMA_VERSION
+
+        document = {"schema_version": SCHEMA_VERSION, "semantics": family, "presets": rows}
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
         return
     columns = ["name", *fields, "summary"]
     if output_format is OutputFormat.markdown:
@@ -532,6 +541,7 @@ def synth(
     ] = 0.0,
     steps: Annotated[int, typer.Option("--steps", min=1, help="Spread rows over this many steps.")] = 1,
     noise: Annotated[float, typer.Option("--noise", min=0.0, help="Scale of the trainer/inference mismatch.")] = 1.0,
+    quiet: QuietOpt = False,
 ) -> None:
     """Write a realistic synthetic dump (for trying the tool and for benchmarks)."""
     from mismatch_cli.synth import SynthSpec, write_synthetic_dump
@@ -546,9 +556,10 @@ def synth(
     spec = SynthSpec(tokens=tokens, turns=turns, seed=seed, format=file_format.value, layout=layout.value,
                      empty_rows=empty_rows, steps=steps, noise=noise)
     summary = write_synthetic_dump(output, spec)
-    _stderr().print(
-        f"wrote {summary.path}: {summary.sequences} sequences, {summary.tokens} response tokens", markup=False
-    )
+    if not quiet:
+        _stderr().print(
+            f"wrote {summary.path}: {summary.sequences} sequences, {summary.tokens} response tokens", markup=False
+        )
 
 
 # ------------------------------------------------------------------------------------- compare and check
@@ -642,7 +653,7 @@ def compare(
     input_format: InputFormatOpt = InputFormat.auto,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = Dtype.float32,
-    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="Only the verdict and errors (stderr).")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Compare two runs side by side (BASE is the reference); exit 1 only when a given limit is breached."""
     from mismatch_cli.compare import compare_reports, correction_notes, load_side
@@ -689,15 +700,15 @@ def compare(
             write_compare_plots(comparison, base_report, candidate_report, out_dir)
     if output is not None and output != "-":
         _write_atomic(Path(output), rendered)
-    elif not quiet:
-        if output_format is OutputFormat.table:
-            render_compare_table(comparison, Console(highlight=False))
-        else:
-            sys.stdout.write(rendered)
-    err = _stderr()
-    if not quiet and out_dir is not None:
-        err.print(f"wrote {out_dir}/compare.json, compare.md" + ("" if no_plots else " and plots"), markup=False)
-    err.print(comparison.verdict(), markup=False)
+    elif output_format is OutputFormat.table:
+        render_compare_table(comparison, Console(highlight=False))
+    else:
+        sys.stdout.write(rendered)
+    if not quiet:
+        err = _stderr()
+        if out_dir is not None:
+            err.print(f"wrote {out_dir}/compare.json, compare.md" + ("" if no_plots else " and plots"), markup=False)
+        err.print(comparison.verdict(), markup=False)
     if comparison.check is not None and comparison.check.exit_code:
         raise typer.Exit(comparison.check.exit_code)
 
@@ -733,7 +744,7 @@ def check(
     input_format: InputFormatOpt = InputFormat.auto,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = Dtype.float32,
-    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="Only the verdict and errors (stderr).")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """The CI gate: hold a dump (or report) to limits; exit 1 on a breach, 2 on a bad rule, 3 on bad input."""
     from mismatch_cli.compare import is_report_path, load_side
@@ -790,16 +801,16 @@ def check(
         _write_atomic(out_dir / "report.json", candidate.to_json())
     publish(result, baseline)
     title = f"mismatch check: {label}" + (f" (baseline {baseline})" if baseline else "")
-    if not quiet:
-        if output_format is OutputFormat.json:
-            import json
+    if output_format is OutputFormat.json:
+        import json
 
-            sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
-        elif output_format is OutputFormat.markdown:
-            sys.stdout.write(render_check_markdown(result, title))
-        else:
-            render_check_table(result, Console(highlight=False), title)
-    err.print(result.verdict(), markup=False)
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+    elif output_format is OutputFormat.markdown:
+        sys.stdout.write(render_check_markdown(result, title))
+    else:
+        render_check_table(result, Console(highlight=False), title)
+    if not quiet:
+        err.print(result.verdict(), markup=False)
     if result.exit_code:
         raise typer.Exit(result.exit_code)
 
@@ -827,7 +838,7 @@ def convert(
                      "env_name is always kept."),
     ] = [],  # noqa: B006
     dtype: Annotated[Dtype, typer.Option("--dtype", help="Storage precision of the log-probs.")] = Dtype.float32,
-    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="Only errors on stderr.")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Convert dumps (slime, NeMo-RL, prime-rl, safetensors, parquet) into mismatch's wide parquet layout."""
     from mismatch_cli.convert import convert as run_convert

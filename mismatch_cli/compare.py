@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mismatch_cli.errors import DataError
-from mismatch_cli.report import Report
+from mismatch_cli.report import SCHEMA_VERSION, Report
 from mismatch_cli.thresholds import CheckResult, Rule, evaluate
 
 LOWER = "lower is better"
@@ -203,6 +203,7 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping."""
         body: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
             "base": self.base_label,
             "candidate": self.candidate_label,
             "metrics": [r.to_dict() for r in self.rows],

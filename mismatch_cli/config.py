@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from mismatch_cli.errors import ConfigError
@@ -74,41 +74,69 @@ class RsOption:
         return "token" if self.level == "token" else self.name.split("_")[1]
 
 
+class _Unset:
+    """A field the caller did not give: a preset's value, else verl's default, fills it."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
+# Semantics that take verl's `algorithm.rollout_correction` fields directly (the others: `family_fields`).
+VERL_FAMILIES = ("verl", "verl-0.8")
+VERL_DEFAULTS: dict[str, Any] = {
+    "rollout_is": None,
+    "rollout_is_threshold": 2.0,
+    "rollout_is_batch_normalize": False,
+    "rollout_rs": None,
+    "rollout_rs_threshold": None,
+    "bypass_mode": False,
+    "loss_type": "ppo_clip",
+    "k1_bounds": "verl",  # "verl" reproduces verl's inverted k1 bounds; "ratio" keeps L <= rho <= U
+}
+
+
 @dataclass(frozen=True)
 class CorrectionConfig:
-    """The effective correction configuration (verl field names, values as the user gave them)."""
+    """The effective correction configuration (verl field names, values as the user gave them).
 
-    rollout_is: str | None = None
-    rollout_is_threshold: Any = 2.0
-    rollout_is_batch_normalize: bool = False
-    rollout_rs: str | None = None
-    rollout_rs_threshold: Any = None
-    bypass_mode: bool = False
-    loss_type: str = "ppo_clip"
-    k1_bounds: str = "verl"  # "verl" reproduces verl's inverted k1 bounds; "ratio" keeps L <= rho <= U
+    With `preset`, every field not given takes the preset's value; fields given override it.
+    """
+
+    rollout_is: str | None = UNSET
+    rollout_is_threshold: Any = UNSET
+    rollout_is_batch_normalize: bool = UNSET
+    rollout_rs: str | None = UNSET
+    rollout_rs_threshold: Any = UNSET
+    bypass_mode: bool = UNSET
+    loss_type: str = UNSET
+    k1_bounds: str = UNSET
     preset: str | None = None
     # An older family (mismatch_cli.legacy.FAMILIES) and its upstream fields, verbatim.
     semantics: str = "verl"
     family_fields: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        given = {name for name in VERL_DEFAULTS if getattr(self, name) is not UNSET}
+        if self.semantics not in VERL_FAMILIES and (given or self.preset is not None):
+            named = ", ".join(sorted(given)) or "preset"
+            raise ConfigError(
+                f"--semantics {self.semantics} takes its own upstream fields, not {named}",
+                hint="pass them as CorrectionConfig(semantics=..., family_fields={...})",
+            )
+        base = get_preset(self.preset).config if self.preset is not None else None
+        for name, default in VERL_DEFAULTS.items():
+            if getattr(self, name) is UNSET:
+                object.__setattr__(self, name, getattr(base, name) if base is not None else default)
+
     def to_dict(self) -> dict[str, Any]:
         """The configuration as a JSON-ready mapping."""
-        if self.semantics != "verl":
+        if self.semantics not in VERL_FAMILIES:
             from mismatch_cli.legacy import effective_fields
 
             return {"semantics": self.semantics, **effective_fields(self.semantics, self.family_fields)}
-        return {
-            "semantics": "verl",
-            "preset": self.preset,
-            "rollout_is": self.rollout_is,
-            "rollout_is_threshold": self.rollout_is_threshold,
-            "rollout_is_batch_normalize": self.rollout_is_batch_normalize,
-            "rollout_rs": self.rollout_rs,
-            "rollout_rs_threshold": self.rollout_rs_threshold,
-            "bypass_mode": self.bypass_mode,
-            "loss_type": self.loss_type,
-            "k1_bounds": self.k1_bounds,
-        }
+        return {"semantics": self.semantics, "preset": self.preset,
+                **{name: getattr(self, name) for name in VERL_DEFAULTS}}
 
 
 @dataclass(frozen=True)
@@ -121,6 +149,9 @@ class ResolvedCorrection:
     rs_options: tuple[RsOption, ...] = field(default_factory=tuple)
     k1_bounds: str = "verl"
     legacy: Any = None  # a LegacySpec for the older families (mismatch_cli.legacy)
+    # verl 0.8 counts rollout_is_seq_fraction_high/low on the applied (truncated) per-sequence mean
+    # weight; verl 0.9.0 (PR #6806) switched to the raw one.
+    seq_fraction_weights: str = "raw"
 
     @property
     def asymmetric_k1(self) -> tuple[RsOption, ...]:
@@ -265,7 +296,7 @@ def parse_rs_thresholds(options: list[str], spec: Any, check_order: bool = True)
 
 def resolve(config: CorrectionConfig) -> ResolvedCorrection:
     """Validate a configuration the way verl does at compute time and return what the engine needs."""
-    if config.semantics != "verl":
+    if config.semantics not in VERL_FAMILIES:
         from mismatch_cli.legacy import resolve_family
 
         return resolve_family(config.semantics, config.family_fields)[0]
@@ -288,13 +319,16 @@ def resolve(config: CorrectionConfig) -> ResolvedCorrection:
     if config.rollout_rs is not None:
         if config.rollout_rs_threshold is None:
             parse_rs_thresholds([], None)
-        rs_options = parse_rs_thresholds(parse_rs_options(config.rollout_rs), config.rollout_rs_threshold)
+        # verl 0.9.0 added the lower <= upper check on k1 bands (PR #7188); 0.8 rejects everything instead.
+        rs_options = parse_rs_thresholds(parse_rs_options(config.rollout_rs), config.rollout_rs_threshold,
+                                         check_order=config.semantics != "verl-0.8")
     return ResolvedCorrection(
         is_level=is_level,
         is_threshold=is_threshold,
         is_batch_normalize=bool(config.rollout_is_batch_normalize),
         rs_options=rs_options,
         k1_bounds=config.k1_bounds,
+        seq_fraction_weights="applied" if config.semantics == "verl-0.8" else "raw",
     )
 
 
@@ -308,9 +342,7 @@ class Preset:
 
 
 def _preset(name: str, summary: str, **fields: Any) -> Preset:
-    base = {"rollout_is": None, "rollout_is_threshold": 2.0, "rollout_rs": None, "rollout_rs_threshold": None}
-    base.update(fields)
-    return Preset(name, CorrectionConfig(preset=name, **base), summary)
+    return Preset(name, CorrectionConfig(**{**VERL_DEFAULTS, **fields}), summary)
 
 
 GEO = "0.999_1.001"
@@ -370,7 +402,7 @@ CONFIG_FIELDS = (
 
 def get_preset(name: str) -> Preset:
     """Look up a preset by name, with a helpful error for unknown or outdated names."""
-    if name not in PRESETS:
+    if not isinstance(name, str) or name not in PRESETS:
         raise ConfigError(
             f"unknown preset '{name}'",
             hint="run `mismatch presets` for the 19 verl presets",
@@ -378,13 +410,13 @@ def get_preset(name: str) -> Preset:
     return PRESETS[name]
 
 
-def build_config(overrides: dict[str, Any], preset: str | None = None) -> CorrectionConfig:
+def build_config(overrides: dict[str, Any], preset: str | None = None, semantics: str = "verl") -> CorrectionConfig:
     """Start from a preset (or verl's YAML defaults) and apply explicitly given fields."""
-    config = get_preset(preset).config if preset else CorrectionConfig()
     unknown = sorted(set(overrides) - set(CONFIG_FIELDS))
     if unknown:
         raise ConfigError(
             f"unknown correction field(s) {', '.join(unknown)}",
             hint=f"the [correction] table takes {', '.join(CONFIG_FIELDS)}",
         )
-    return replace(config, **overrides)
+    fields = {k: v for k, v in overrides.items() if k != "preset"}
+    return CorrectionConfig(preset=preset or overrides.get("preset") or None, semantics=semantics, **fields)

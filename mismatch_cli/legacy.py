@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mismatch_cli.config import (
+    VERL_FAMILIES,
     CorrectionConfig,
     ResolvedCorrection,
     build_config,
@@ -21,7 +22,7 @@ from mismatch_cli.config import (
 )
 from mismatch_cli.errors import ConfigError
 
-FAMILIES = ("verl", "verl-0.7.1", "verl-0.7.0", "verl-0.6.1", "verl-0.6.0", "xtuner", "xtuner-2025-12")
+FAMILIES = ("verl", "verl-0.8", "verl-0.7.1", "verl-0.7.0", "verl-0.6.1", "verl-0.6.0", "xtuner", "xtuner-2025-12")
 VERL_OLD = ("verl-0.7.0", "verl-0.6.1")
 XTUNER = ("xtuner", "xtuner-2025-12")
 
@@ -43,6 +44,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
                "rollout_is_veto_threshold"),
 }
 FIELDS["xtuner-2025-12"] = FIELDS["xtuner"]
+FIELDS["verl-0.8"] = FIELDS["verl"]
 
 # Which family a field belongs to, for "this flag needs --semantics X" messages.
 FIELD_HOME = {
@@ -54,8 +56,8 @@ FIELD_HOME = {
     "rollout_is_veto_threshold": "verl-0.6.0 or xtuner",
     "rollout_is_mask_threshold": "xtuner",
     "use_policy_gradient": "verl-0.6.1",
-    "k1_bounds": "verl or verl-0.7.1",
-    "rollout_is_batch_normalize": "verl, verl-0.7.1, verl-0.7.0 or verl-0.6.1",
+    "k1_bounds": "verl, verl-0.8 or verl-0.7.1",
+    "rollout_is_batch_normalize": "verl, verl-0.8, verl-0.7.1, verl-0.7.0 or verl-0.6.1",
 }
 
 
@@ -143,16 +145,23 @@ def resolve_family(family: str, fields: dict[str, Any]) -> tuple[ResolvedCorrect
     # TOML has no null: "none" / "null" switch a field off (verl 0.6.0's veto is on by default).
     fields = {k: None if isinstance(v, str) and v.strip().lower() in ("none", "null") else v
               for k, v in fields.items()}
-    mask_dtype = fields.pop("mask_dtype", "float")
-    if mask_dtype not in ("float", "bool"):
-        raise ConfigError(f"mask_dtype must be 'float' or 'bool', got {mask_dtype!r}")
-    if mask_dtype == "bool" and family == "verl":
+    mask_dtype = fields.pop("mask_dtype", None)
+    if mask_dtype not in (None, "float", "bool"):
+        raise ConfigError(f"mask_dtype must be 'float' or 'bool', got {mask_dtype!r}", hint="use float or bool")
+    if family in XTUNER:
+        # xtuner's trainer always hands over a bool mask (shifted_labels != -100): there is no float variant.
+        if mask_dtype == "float":
+            raise ConfigError(f"--semantics {family} always uses a bool mask, as xtuner's trainer does",
+                              hint="drop --mask-dtype float (mask_dtype = \"bool\" is implied)")
+        mask_dtype = "bool"
+    mask_dtype = mask_dtype or "float"
+    if mask_dtype == "bool" and family in VERL_FAMILIES:
         raise ConfigError("mask_dtype bool is supported for the older families only",
-                          hint="verl 0.9's numbers differ from a bool mask's by < 1e-8 relative")
+                          hint="verl 0.8 / 0.9's numbers differ from a bool mask's by < 1e-8 relative")
     resolved = resolve_legacy(family, fields)
-    exact = {"mask_dtype": mask_dtype} if family != "verl" else {}
+    exact = {"mask_dtype": mask_dtype} if family not in VERL_FAMILIES else {}
     if isinstance(resolved, CorrectionConfig):
-        if family == "verl":
+        if family in VERL_FAMILIES:
             return resolve(resolved), resolved.to_dict()
         result = _verl_071(resolved)
         if mask_dtype == "bool":
@@ -191,7 +200,7 @@ def resolve_legacy(family: str, fields: dict[str, Any]) -> LegacySpec | Correcti
         homes = "; ".join(f"{k} belongs to --semantics {FIELD_HOME.get(k, 'another family')}" for k in wrong)
         raise ConfigError(f"{', '.join(wrong)} not understood by --semantics {family} ({homes})",
                           hint=f"--semantics {family} takes {', '.join(allowed)}")
-    if family in ("verl", "verl-0.7.1"):
+    if family in (*VERL_FAMILIES, "verl-0.7.1"):
         preset = fields.get("preset")
         overrides = {k: v for k, v in fields.items() if k != "preset"}
         if family == "verl-0.7.1":
@@ -202,7 +211,7 @@ def resolve_legacy(family: str, fields: dict[str, Any]) -> LegacySpec | Correcti
             if config.rollout_is is not None and config.rollout_is_threshold is not None:
                 _positive_number("rollout_is_threshold", config.rollout_is_threshold, family)
             return config
-        return build_config(overrides, preset=preset)
+        return build_config(overrides, preset=preset, semantics=family)
     if family in VERL_OLD:
         return _verl_old(family, fields)
     if family == "verl-0.6.0":
@@ -389,6 +398,7 @@ FLAG_FIELDS: dict[str, dict[str, str]] = {
 }
 FLAG_FIELDS["verl-0.6.1"] = FLAG_FIELDS["verl-0.7.0"]
 FLAG_FIELDS["xtuner-2025-12"] = FLAG_FIELDS["xtuner"]
+FLAG_FIELDS["verl-0.8"] = {flag: field for flag, field in FLAG_FIELDS["verl-0.7.1"].items() if flag != "--mask-dtype"}
 VERL_FLAGS = ("--is", "--is-threshold", "--is-batch-normalize", "--rs", "--rs-threshold", "--k1-bounds", "--preset")
 
 

@@ -12,6 +12,7 @@ from mismatch_cli.errors import InputError
 
 SCHEMA_VERSION = 1
 TOOL_NAME = "mismatch"
+TABLES = ("metrics", "steps", "groups", "rounds", "rounds_from_end", "what_if", "worst_sequences")
 
 
 @dataclass
@@ -54,6 +55,24 @@ class Report:
         body = asdict(self)
         body.pop("schema_version")
         return {"schema_version": self.schema_version, **body}
+
+    def table(self, name: str) -> Any:
+        """One of the report's tables as a pandas DataFrame (see `TABLES` for the names)."""
+        import pandas as pd  # imported on use: `mismatch --help` stays fast
+
+        if name == "metrics":
+            rows = [{"metric": k, "value": v, "interval_low": (self.intervals.get(k) or [None, None])[0],
+                     "interval_high": (self.intervals.get(k) or [None, None])[1]} for k, v in self.metrics.items()]
+        elif name in ("steps", "groups"):
+            entries = [("step", e) for e in self.steps] if name == "steps" else [
+                (column, e) for column, values in self.groups.items() for e in values]
+            rows = [{**({"column": column, "group": e["group"]} if name == "groups" else {"step": e["step"]}),
+                     "valid_tokens": e["valid_tokens"], **e["metrics"]} for column, e in entries]
+        elif name in ("rounds", "rounds_from_end", "what_if", "worst_sequences"):
+            rows = list(getattr(self, name))
+        else:
+            raise KeyError(f"no table {name!r}; the report has {', '.join(TABLES)}")
+        return pd.DataFrame(rows)
 
     def to_json(self) -> str:
         """Strict JSON (non-finite numbers become null)."""

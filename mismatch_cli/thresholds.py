@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mismatch_cli.errors import UsageError
-from mismatch_cli.report import Report
+from mismatch_cli.report import SCHEMA_VERSION, Report
 
 MISSING_POLICIES = ("error", "warn", "skip")
 VERL_PREFIX = "rollout_corr/"
@@ -171,7 +171,8 @@ class CheckResult:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping."""
-        return {"verdict": self.verdict(), "exit_code": self.exit_code, "rules": [o.to_dict() for o in self.outcomes]}
+        return {"schema_version": SCHEMA_VERSION, "verdict": self.verdict(), "exit_code": self.exit_code,
+                "rules": [o.to_dict() for o in self.outcomes]}
 
 
 def _suggest(metric: str, known: list[str]) -> str:

@@ -348,7 +348,9 @@ def test_glob_input(tmp_path):
 def test_presets_json():
     result = invoke("presets", "--format", "json")
     assert_ok(result)
-    rows = json.loads(result.stdout)
+    document = json.loads(result.stdout)
+    assert document["schema_version"] == 1 and document["semantics"] == "verl"
+    rows = document["presets"]
     assert len(rows) == 19
     names = {r["name"] for r in rows}
     assert len(names) == 19

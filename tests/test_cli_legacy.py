@@ -107,10 +107,11 @@ def test_flags_map_to_the_same_numbers_as_the_config_table(tmp_path: Path) -> No
 def test_presets_per_family() -> None:
     runner = CliRunner()
     counts = {}
-    for family in ("verl", "verl-0.7.1", "verl-0.7.0", "verl-0.6.1"):
+    for family in ("verl", "verl-0.8", "verl-0.7.1", "verl-0.7.0", "verl-0.6.1"):
         result = runner.invoke(app, ["presets", "--semantics", family, "--format", "json"])
         assert result.exit_code == 0
-        counts[family] = {row["name"] for row in json.loads(result.stdout)}
+        counts[family] = {row["name"] for row in json.loads(result.stdout)["presets"]}
+    assert counts["verl-0.8"] == counts["verl"] and len(counts["verl"]) == 19
     assert "decoupled_token_icepop" in counts["verl"] and "decoupled_token_icepop" not in counts["verl-0.7.1"]
     assert {"geo_rs_seq_tis", "bypass_pg_rs", "token_is", "geo_rs", "seq_is_rs"} <= counts["verl-0.7.0"]
     assert {"ppo_is_bypass", "pg_is", "pg_rs", "pure_is"} <= counts["verl-0.6.1"]

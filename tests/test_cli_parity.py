@@ -8,14 +8,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import close, load_verl_cases
+from helpers import close, verl_case_params
 from typer.testing import CliRunner
 
 from mismatch_cli.cli import app
 
-CASES = load_verl_cases()["cases"]
-NUMERIC = [c for c in CASES if not c["name"].startswith("ERR")]
-ERRORS = [c for c in CASES if c["name"].startswith("ERR")]
+NUMERIC, ERRORS, NUMERIC_IDS, ERROR_IDS = verl_case_params()
 TOLERANCE = {"float64": (1e-9, 1e-12), "float32": (1e-3, 1e-5)}
 
 
@@ -27,8 +25,8 @@ def _toml_value(value: object) -> str:
     return repr(value)
 
 
-def write_case(case: dict, folder: Path) -> tuple[Path, Path]:
-    """The case as a wide parquet (list<double>) plus a [correction] TOML with its kwargs."""
+def write_case(case: dict, folder: Path, semantics: str = "verl") -> tuple[Path, Path]:
+    """The case as a wide parquet (list<double>) plus a [correction] TOML with its semantics and kwargs."""
     table = pa.table({
         "old_log_probs": pa.array(case["old_log_prob"], type=pa.list_(pa.float64())),
         "rollout_log_probs": pa.array(case["rollout_log_prob"], type=pa.list_(pa.float64())),
@@ -36,16 +34,17 @@ def write_case(case: dict, folder: Path) -> tuple[Path, Path]:
     })
     dump = folder / "case.parquet"
     pq.write_table(table, dump)
-    lines = ["[correction]"] + [f"{k} = {_toml_value(v)}" for k, v in case["kwargs"].items() if v is not None]
+    lines = ["[correction]", f"semantics = {json.dumps(semantics)}"]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in case["kwargs"].items() if v is not None]
     config = folder / "mismatch.toml"
     config.write_text("\n".join(lines) + "\n")
     return dump, config
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("case", NUMERIC, ids=[c["name"] for c in NUMERIC])
-def test_cli_matches_verl(case: dict, dtype: str, tmp_path: Path) -> None:
-    dump, config = write_case(case, tmp_path)
+@pytest.mark.parametrize(("semantics", "case"), NUMERIC, ids=NUMERIC_IDS)
+def test_cli_matches_verl(semantics: str, case: dict, dtype: str, tmp_path: Path) -> None:
+    dump, config = write_case(case, tmp_path, semantics)
     result = CliRunner().invoke(app, ["analyze", str(dump), "--config", str(config), "--dtype", dtype,
                                       "--format", "json", "--device", "cpu"])
     assert result.exit_code == 0, result.output
@@ -58,9 +57,9 @@ def test_cli_matches_verl(case: dict, dtype: str, tmp_path: Path) -> None:
     assert not wrong
 
 
-@pytest.mark.parametrize("case", ERRORS, ids=[c["name"] for c in ERRORS])
-def test_cli_error_cases_exit_with_a_message(case: dict, tmp_path: Path) -> None:
-    dump, config = write_case(case, tmp_path)
+@pytest.mark.parametrize(("semantics", "case"), ERRORS, ids=ERROR_IDS)
+def test_cli_error_cases_exit_with_a_message(semantics: str, case: dict, tmp_path: Path) -> None:
+    dump, config = write_case(case, tmp_path, semantics)
     result = CliRunner().invoke(app, ["analyze", str(dump), "--config", str(config), "--out-dir",
                                       str(tmp_path / "out")])
     expected = 3 if case["name"] == "ERR_all_zero_mask" else 2

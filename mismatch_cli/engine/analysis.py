@@ -57,7 +57,8 @@ class BatchAccumulator:
         self.worst = WorstSequences() if extras else None
         self.importance = (
             ImportanceAccumulator(
-                correction.is_level, correction.is_threshold, correction.is_batch_normalize, device
+                correction.is_level, correction.is_threshold, correction.is_batch_normalize, device,
+                seq_fraction_weights=correction.seq_fraction_weights,
             )
             if correction.is_level is not None and correction.is_threshold is not None
             else None

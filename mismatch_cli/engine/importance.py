@@ -19,8 +19,10 @@ def _float32_log(value: float) -> float:
 class ImportanceAccumulator:
     """Applied and raw IS weights of one configuration, reduced to fixed-size state."""
 
-    def __init__(self, level: str, threshold: IsThreshold, batch_normalize: bool, device: torch.device) -> None:
+    def __init__(self, level: str, threshold: IsThreshold, batch_normalize: bool, device: torch.device,
+                 seq_fraction_weights: str = "raw") -> None:
         self.level = level
+        self.seq_fraction_weights = seq_fraction_weights  # "applied" reproduces verl 0.8
         self.threshold = threshold
         self.batch_normalize = batch_normalize
         self.state = Reducer(device)
@@ -93,8 +95,9 @@ class ImportanceAccumulator:
             s.max("seq_max", row_mean.max())
             s.min("seq_min", row_mean.min())
             s.max("seq_max_deviation", (row_mean - 1.0).abs().max())
-        s.add("seq_count_high", (raw_row_mean > self.threshold.upper).sum())
-        s.add("seq_count_low", (raw_row_mean < self.threshold.metric_lower).sum())
+        counted = row_mean if self.seq_fraction_weights == "applied" else raw_row_mean
+        s.add("seq_count_high", (counted > self.threshold.upper).sum())
+        s.add("seq_count_low", (counted < self.threshold.metric_lower).sum())
         s.add("valid_rows", chunk.row_valid.sum())
         s.add("sum_valid_row_mean", (row_mean * chunk.row_valid).sum())
 

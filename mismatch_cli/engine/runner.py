@@ -107,6 +107,15 @@ def _group_keys(batch: Batch, column: str) -> np.ndarray:
     return _labels(values)
 
 
+def describe_inputs(names: tuple[str, ...]) -> str:
+    """Name the input in a message: its path for one file, the count and the first for several."""
+    if not names:
+        return "the input"
+    if len(names) == 1:
+        return names[0]
+    return f"the {len(names)} input files (first: {names[0]})"
+
+
 class Analysis:
     """The whole engine state of one analysis: update with Batches, merge partial states, then finish.
 
@@ -205,9 +214,10 @@ class Analysis:
     def finish(self, source_names: tuple[str, ...] = ()) -> EngineResult:
         """Compute every metric; raise when the input as a whole has no row or no valid token."""
         correction = self.correction
+        names = source_names or tuple(self.sources)
         if not self.any_rows:
             raise DataError(
-                f"the input has no rows ({', '.join(source_names) or 'no file'})",
+                f"{describe_inputs(names)} has no rows",
                 hint="check that the dump files are not empty",
             )
         result = self.overall.compute()
@@ -220,7 +230,7 @@ class Analysis:
                                 "merge_rollout_is_metrics does: mean, or max / min for max / min keys, in float32")
         if result.valid_tokens == 0 and not self.xtuner:
             raise DataError(
-                "no valid token in the whole input: every response_mask value is 0 (or every masked-in "
+                f"no valid token in {describe_inputs(names)}: every response_mask value is 0 (or every masked-in "
                 "log-prob is NaN/inf/sentinel), so there is nothing to measure (verl raises ValueError here)",
                 hint="check the mask column (--column response_mask=NAME) or the dump itself",
             )

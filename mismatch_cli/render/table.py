@@ -43,13 +43,13 @@ def _column_blocks(section: Section, width: int) -> list[Section]:
     return blocks
 
 
-def render_tables(report: Report, console: Console) -> None:
-    """Print every section of the report, then its warnings."""
+def render_tables(report: Report, console: Console, warnings: bool = True) -> None:
+    """Print every section of the report, then (unless `warnings` is off) its warnings."""
     for section in build_sections(report):
         for block in _column_blocks(section, console.width):
             console.print(_table(block))
             if block.note:
                 console.print(block.note, highlight=False)
             console.print()
-    for warning in report.warnings:
+    for warning in report.warnings if warnings else ():
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
