@@ -63,7 +63,7 @@ FIELD_HOME = {
 
 @dataclass(frozen=True)
 class RatioBlockSpec:
-    """verl 0.6/0.7's shared IS-metric block over raw safety-clamped ratios (legacy_semantics §2.1)."""
+    """verl 0.6/0.7's shared IS-metric block over raw safety-clamped ratios (docs/legacy-semantics.md §3)."""
 
     prefix: str  # "rollout_is" or "rollout_rs"
     level: str  # token | sequence | geometric

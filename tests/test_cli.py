@@ -84,7 +84,7 @@ CLIPPED_ROLLOUT[3][0] = -22.0
 
 
 def reference_offpolicy(old_rows, rollout_rows, mask_rows) -> dict[str, float]:
-    """verl's off-policy formulas (reference/verl_semantics.md §7) in numpy float64, row by row."""
+    """verl's off-policy formulas (docs/verl-semantics.md §2) in numpy float64, row by row."""
     deltas, row_mean_old = [], []
     for old, rollout, mask in zip(old_rows, rollout_rows, mask_rows, strict=True):
         old, rollout, m = np.asarray(old, float), np.asarray(rollout, float), np.asarray(mask) != 0

@@ -293,7 +293,7 @@ class VetoBlock:
 
 
 class PackMismatchBlock:
-    """xtuner's mismatch metrics, computed over the whole pack as one row (legacy_semantics §5.6)."""
+    """xtuner's mismatch metrics, computed over the whole pack as one row (docs/legacy-semantics.md §8.5)."""
 
     def __init__(self, device: torch.device) -> None:
         self.state = Reducer(device)
@@ -435,7 +435,7 @@ class LegacyAccumulator:
 
 
 def merge_xtuner_packs(packs: list[dict[str, float]], head: bool) -> dict[str, float]:
-    """xtuner's `merge_rollout_is_metrics` over per-pack metric maps (legacy_semantics §5.8).
+    """xtuner's `merge_rollout_is_metrics` over per-pack metric maps (docs/legacy-semantics.md §8.6).
 
     Keys naming "max" take the max and "min" the min over the counted packs, the rest their mean;
     values go through float32 as upstream's tensors do. The head version counts valid packs only; the

@@ -6,7 +6,7 @@ tokens once (one comparison on the cached |delta|) and decides every rule on the
 would, vectorized over the thresholds; everything else follows from chunk totals. Sequence-level
 rules work on per-row sums (S_i, sum of r, r^2, k3). The state is a fixed [scenarios x 6] table.
 
-Semantics (`reference/verl_semantics.md` §5, §6, §11): IS weights are never masks, so an IS row's
+Semantics (docs/verl-semantics.md §3, §4; docs/legacy-semantics.md §6.4): IS weights are never masks, so an IS row's
 ESS is verl's `rollout_is_eff_sample_size` of the applied weights over all valid tokens; IcePop's
 zeroed weights count as masked tokens. RS and veto rows report the ESS of the raw token ratios over
 the tokens they keep. The token veto is verl 0.6/0.7's: a sequence is dropped when any valid token
@@ -88,7 +88,7 @@ def row_sums(values: torch.Tensor, lengths: torch.Tensor) -> np.ndarray:
 
 
 def _float32_log(value: float) -> float:
-    # verl-0.6/0.7 compute log(veto) as a float32 scalar tensor (legacy_semantics.md §1).
+    # verl-0.6/0.7 compute log(veto) as a float32 scalar tensor (docs/legacy-semantics.md §2).
     return float(torch.log(torch.tensor(value, dtype=torch.float32)).item())
 
 
