@@ -1,66 +1,47 @@
-"""The health summary: verl's documented warning bands applied to a metrics map."""
+"""The health summary: the registry's documented bands applied to a metrics map."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from mismatch_cli.metrics import Band, aliases_of, lookup
 
-@dataclass(frozen=True)
-class Band:
-    """A metric, what it means, and the range verl's docs call healthy."""
-
-    metric: str
-    label: str
-    low: float | None
-    high: float | None
-    absolute: bool = False
-    aliases: tuple[str, ...] = ()  # the same quantity under an older family's key
-
-    def describe(self) -> str:
-        """The healthy range in words."""
-        name = "|value|" if self.absolute else "value"
-        if self.low is not None and self.high is not None:
-            return f"{self.low} <= {name} <= {self.high}"
-        if self.low is not None:
-            return f"{name} >= {self.low}"
-        return f"{name} <= {self.high}"
-
-    def healthy(self, value: float) -> bool:
-        """True when the value lies inside the band."""
-        value = abs(value) if self.absolute else value
-        if self.low is not None and value < self.low:
-            return False
-        return not (self.high is not None and value > self.high)
-
-
-BANDS = (
-    Band("rollout_corr/rollout_is_mean", "IS weight mean", 0.5, 2.0, aliases=("mismatch/rollout_is_mean",)),
-    Band("rollout_corr/rollout_is_eff_sample_size", "IS effective sample size", 0.3, None,
-         aliases=("mismatch/rollout_is_eff_sample_size",)),
-    Band("diag/ess_token", "ESS of raw token ratios", 0.3, None),
-    Band("rollout_corr/rollout_is_std", "IS weight std", None, 1.0, aliases=("mismatch/rollout_is_std",)),
-    Band("rollout_corr/kl", "KL(rollout || train), k1", None, 0.1, absolute=True, aliases=("mismatch/mismatch_kl",)),
-    Band("rollout_corr/chi2_token", "chi-squared, token", None, 1.0),
+# The checks, in table order; each is the registry's band of that key, also held by the older families'
+# key of the same quantity (`mismatch/mismatch_kl` for `rollout_corr/kl`).
+CHECKS = (
+    "rollout_corr/rollout_is_mean",
+    "rollout_corr/rollout_is_eff_sample_size",
+    "diag/ess_token",  # only when IS is off: the ESS of the raw ratios stands in for the IS weights'
+    "rollout_corr/rollout_is_std",
+    "rollout_corr/kl",
+    "rollout_corr/chi2_token",
 )
+IS_ESS = ("rollout_corr/rollout_is_eff_sample_size", *aliases_of("rollout_corr/rollout_is_eff_sample_size"))
+
+
+def band_of(key: str) -> Band:
+    """The registry's band of a health check."""
+    metric = lookup(key)
+    if metric is None or metric.band is None:
+        raise KeyError(f"{key} has no band in the metric registry")
+    return metric.band
 
 
 def summarize(metrics: dict[str, float | None]) -> dict[str, Any]:
     """Apply the bands to whichever of their metrics are present; status is `healthy` or `warning`."""
     checks = []
-    has_is = any(metrics.get(k) is not None for k in ("rollout_corr/rollout_is_eff_sample_size",
-                                                        "mismatch/rollout_is_eff_sample_size"))
-    for band in BANDS:
-        if band.metric == "diag/ess_token" and has_is:
+    has_is = any(metrics.get(k) is not None for k in IS_ESS)
+    for key in CHECKS:
+        if key == "diag/ess_token" and has_is:
             continue
-        metric = next((k for k in (band.metric, *band.aliases) if metrics.get(k) is not None), None)
+        metric = next((k for k in (key, *aliases_of(key)) if metrics.get(k) is not None), None)
         if metric is None:
             continue
-        value = metrics[metric]
+        band, value = band_of(key), metrics[metric]
         checks.append(
             {
                 "metric": metric,
-                "label": band.label,
+                "label": lookup(key).title,  # type: ignore[union-attr]
                 "value": value,
                 "healthy_range": band.describe(),
                 "ok": band.healthy(value),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from mismatch_cli.engine_keys import OFFPOLICY_DESCRIPTIONS
+from mismatch_cli.metrics import METRICS
+from mismatch_cli.metrics.catalog import OFFPOLICY
 from mismatch_cli.report import Report
 
 VERL = "rollout_corr/"
@@ -68,8 +69,9 @@ def offpolicy_section(report: Report) -> Section:
         keys = sorted(k for k in report.metrics if k.startswith(LEGACY + "mismatch_"))
         return Section(f"Off-policy ({_semantics(report)}, mismatch/)", ["metric", "value"],
                        _metric_rows(report, keys, LEGACY))
-    for key, meaning in OFFPOLICY_DESCRIPTIONS.items():
-        rows.append([key, format_value(report.metrics.get(VERL + key)), meaning])
+    for metric in (m for m in METRICS if m.family is OFFPOLICY):
+        meaning = f"{metric.reduction.split(' over ')[0]}: {metric.meaning}"
+        rows.append([metric.key[len(VERL):], format_value(report.metrics.get(metric.key)), meaning])
     return Section("Off-policy (rollout_corr/)", ["metric", "value", "meaning"], rows)
 
 
