@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mismatch_cli.errors import DataError
+from mismatch_cli.metrics import Direction
+from mismatch_cli.metrics import direction_of as registry_direction
 from mismatch_cli.report import SCHEMA_VERSION, Report
 from mismatch_cli.thresholds import CheckResult, Rule, evaluate
 
-LOWER = "lower is better"
-HIGHER = "higher is better"
-CLOSER_TO_1 = "closer to 1"
-LOWER_ABS = "lower |x| is better"
+# Directions come from the metric registry (never guessed from a name); kept here under their old names.
+LOWER, HIGHER, CLOSER_TO_1, LOWER_ABS = Direction.LOWER, Direction.HIGHER, Direction.CLOSER_TO_1, Direction.LOWER_ABS
 
 WORSE, BETTER, NOISE, BREACH, ONE_SIDE, CHANGED = "+", "-", "~", "!", "x", "*"
 MARKS = {
@@ -29,7 +29,7 @@ MARKS = {
     NOISE: "within noise (the 95 % intervals overlap, or equal values)",
     BREACH: "limit breached",
     ONE_SIDE: "only on one side",
-    CHANGED: "changed, direction unknown",
+    CHANGED: "changed; no better direction (a count, or a metric the registry does not know)",
 }
 
 # The headline metrics, in table order (others join when a rule names them, and veto fractions).
@@ -58,53 +58,10 @@ HEADLINE = (
     "mismatch/rollout_is_eff_sample_size",
 )
 
-# Suffix -> direction; the first match wins, so specific names come before generic ones.
-_DIRECTIONS = (
-    ("ess_token", HIGHER),
-    ("ess_seq_kish", HIGHER),
-    ("eff_sample_size", HIGHER),
-    ("is_mean", CLOSER_TO_1),
-    ("is_seq_mean", CLOSER_TO_1),
-    ("ppl_ratio", CLOSER_TO_1),
-    ("ratio_mean", CLOSER_TO_1),
-    ("/kl", LOWER_ABS),  # the k1 estimate is signed: |kl| is the size of the mismatch
-    ("/mismatch_kl", LOWER_ABS),
-    ("log_ppl_diff", LOWER_ABS),
-    ("log_ratio_mean", LOWER_ABS),
-    ("k3_kl", LOWER),
-    ("chi2_token", LOWER),
-    ("chi2_seq", LOWER),
-    ("abs_diff", LOWER),
-    ("abs_diff_mean", LOWER),
-    ("abs_diff_max", LOWER),
-    ("token_mult_prob_error", LOWER),
-    ("masked_fraction", LOWER),
-    ("veto_fraction", LOWER),
-    ("is_std", LOWER),
-    ("nonfinite_tokens", LOWER),
-    ("sentinel_tokens", LOWER),
-)
-
-
-def direction_of(metric: str) -> str | None:
-    """Which way is better for a metric, or None when the tool does not know."""
-    if "veto" in metric and "fraction" in metric:
-        return LOWER
-    for suffix, direction in _DIRECTIONS:
-        if metric.endswith(suffix):
-            return direction
-    return None
-
-
-def badness(value: float, direction: str) -> float:
-    """A number that grows as the metric gets worse."""
-    if direction == LOWER:
-        return value
-    if direction == HIGHER:
-        return -value
-    if direction == CLOSER_TO_1:
-        return abs(value - 1.0)
-    return abs(value)
+def direction_of(metric: str) -> Direction | None:
+    """Which way is better for a metric (from the registry), or None for counts and unknown keys."""
+    direction = registry_direction(metric)
+    return None if direction is Direction.NONE else direction
 
 
 @dataclass
@@ -114,7 +71,7 @@ class MetricRow:
     metric: str
     base: float | None
     candidate: float | None
-    direction: str | None
+    direction: Direction | None
     mark: str
     base_interval: list[float] | None = None
     candidate_interval: list[float] | None = None
@@ -137,7 +94,8 @@ class MetricRow:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping."""
         return {"metric": self.metric, "base": self.base, "candidate": self.candidate, "change": self.change,
-                "relative_change": self.relative, "direction": self.direction, "mark": self.mark,
+                "relative_change": self.relative,
+                "direction": None if self.direction is None else self.direction.phrase, "mark": self.mark,
                 "base_interval": self.base_interval, "candidate_interval": self.candidate_interval}
 
 
@@ -231,7 +189,7 @@ def _overlap(a: list[float] | None, b: list[float] | None) -> bool | None:
     return a[0] <= b[1] and b[0] <= a[1]
 
 
-def _mark(base: float | None, candidate: float | None, direction: str | None, overlap: bool | None,
+def _mark(base: float | None, candidate: float | None, direction: Direction | None, overlap: bool | None,
           breached: bool) -> str:
     if base is None or candidate is None:
         return ONE_SIDE
@@ -241,7 +199,7 @@ def _mark(base: float | None, candidate: float | None, direction: str | None, ov
         return NOISE
     if direction is None:
         return CHANGED
-    return WORSE if badness(candidate, direction) > badness(base, direction) else BETTER
+    return WORSE if direction.badness(candidate) > direction.badness(base) else BETTER
 
 
 def _compare_rounds(base: Report, candidate: Report) -> list[RoundRow]:
@@ -258,12 +216,12 @@ def _compare_rounds(base: Report, candidate: Report) -> list[RoundRow]:
 
 
 def _config_notes(base: Report, candidate: Report) -> list[str]:
-    ignore = {"device", "dtype", "by_step"}
-    keys = sorted((set(base.config) | set(candidate.config)) - ignore)
-    differing = [k for k in keys if base.config.get(k) != candidate.config.get(k)]
+    # Only the correction fields: a side made with --by, on another device or dtype used the same correction.
+    ours, theirs = base.correction, candidate.correction
+    differing = [k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
     if not differing:
         return []
-    shown = ", ".join(f"{k}: {base.config.get(k)!r} vs {candidate.config.get(k)!r}" for k in differing[:4])
+    shown = ", ".join(f"{k}: {ours.get(k)!r} vs {theirs.get(k)!r}" for k in differing[:4])
     return [f"the sides were analyzed with different corrections ({shown}); metrics of one family may be missing "
             "on the other side"]
 
@@ -349,7 +307,6 @@ __all__ = [
     "Comparison",
     "MetricRow",
     "RoundRow",
-    "badness",
     "compare_reports",
     "correction_notes",
     "direction_of",

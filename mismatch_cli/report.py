@@ -12,6 +12,8 @@ from mismatch_cli.errors import InputError
 
 SCHEMA_VERSION = 1
 TOOL_NAME = "mismatch"
+# `config` keys that say how a run was made rather than which correction it used (compare ignores them).
+RUN_SETTINGS = ("device", "dtype", "by_step", "group_by")
 TABLES = ("metrics", "steps", "groups", "rounds", "rounds_from_end", "what_if", "worst_sequences")
 
 
@@ -55,6 +57,11 @@ class Report:
         body = asdict(self)
         body.pop("schema_version")
         return {"schema_version": self.schema_version, **body}
+
+    @property
+    def correction(self) -> dict[str, Any]:
+        """The correction fields of `config`: everything but the run settings (device, dtype, grouping)."""
+        return {k: v for k, v in self.config.items() if k not in RUN_SETTINGS}
 
     def table(self, name: str) -> Any:
         """One of the report's tables as a pandas DataFrame (see `TABLES` for the names)."""

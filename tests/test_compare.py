@@ -44,7 +44,7 @@ def test_directions() -> None:
     assert direction_of("rollout_corr/ppl_ratio") == "closer to 1"
     assert direction_of("rollout_corr/rollout_is_mean") == "closer to 1"
     assert direction_of("rollout_corr/kl") == LOWER_ABS
-    assert direction_of("mismatch/veto_fraction") == LOWER
+    assert direction_of("mismatch/rollout_is_veto_fraction") == LOWER  # a real key: the registry knows no other
     assert direction_of("rollout_corr/rollout_rs_masked_fraction") == LOWER
 
 

@@ -52,7 +52,7 @@ def metric_cells(row: MetricRow) -> list[str]:
         _interval(row.candidate_interval),
         _signed(row.change),
         _percent(row.relative),
-        row.direction or "?",
+        row.direction.phrase if row.direction is not None else "?",
     ]
 
 
@@ -92,8 +92,6 @@ def _table(title: str, columns: list[str], rows: list[list[str]]) -> Table:
 
 
 TERMINAL_COLUMNS = ["", "metric", "base [95% CI]", "candidate [95% CI]", "change", "better"]
-_SHORT_DIRECTION = {"lower is better": "lower", "higher is better": "higher", "closer to 1": "closer to 1",
-                    "lower |x| is better": "lower |x|"}
 
 
 def terminal_cells(row: MetricRow) -> list[str]:
@@ -107,7 +105,7 @@ def terminal_cells(row: MetricRow) -> list[str]:
     change = _signed(row.change) + ("" if relative == "-" else "\n" + relative)
     name = row.metric[len("rollout_corr/"):] if row.metric.startswith("rollout_corr/") else row.metric
     return [row.mark, name, side(row.base, row.base_interval), side(row.candidate, row.candidate_interval), change,
-            _SHORT_DIRECTION.get(row.direction or "", row.direction or "?")]
+            row.direction.value if row.direction is not None else "?"]
 
 
 def render_compare_table(comparison: Comparison, console: Console) -> None:
