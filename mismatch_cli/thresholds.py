@@ -1,11 +1,10 @@
-"""CI limits: parse rules (`kl<=0.01`, `chi2_token:+10%`), load `[check]` from TOML, evaluate against reports.
+"""CI limits: parse rules (`abs(kl)<=0.01`, `chi2_token:+10%`), load `[check]` from TOML, evaluate against reports.
 
 Rules are evaluated on finished reports only; nothing here touches a dump or torch.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from dataclasses import dataclass, field
@@ -19,15 +18,19 @@ MISSING_POLICIES = ("error", "warn", "skip")
 VERL_PREFIX = "rollout_corr/"
 _UNSIGNED = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _NUMBER = rf"[+-]?{_UNSIGNED}"
-_ABSOLUTE = re.compile(rf"^\s*(?P<metric>[^\s<>=:]+)\s*(?P<op><=|>=|<|>)\s*(?P<value>{_NUMBER})\s*$")
+# The rule grammar, in one place: a metric, or abs(metric), then an absolute bound or a relative change.
+_TARGET = r"(?:abs\(\s*(?P<abs_metric>[^\s<>=:()]+)\s*\)|(?P<metric>[^\s<>=:()]+))"
+_ABSOLUTE = re.compile(rf"^\s*{_TARGET}\s*(?P<op><=|>=|<|>)\s*(?P<value>{_NUMBER})\s*$")
 _RELATIVE = re.compile(
-    rf"^\s*(?P<metric>[^\s<>=:]+)\s*:\s*(?P<sign>\+/-|\+-|±|\+|-)\s*(?P<value>{_UNSIGNED})\s*(?P<pct>%)?\s*$"
+    rf"^\s*{_TARGET}\s*:\s*(?P<sign>\+/-|\+-|±|\+|-)\s*(?P<value>{_UNSIGNED})\s*(?P<pct>%)?\s*$"
 )
 RULE_GRAMMAR = (
     "METRIC<=X, METRIC>=X, METRIC<X, METRIC>X (absolute), or METRIC:+N% / METRIC:-N% / METRIC:±N% "
-    "(relative to the baseline; without % the change is absolute), e.g. rollout_corr/kl<=0.01, "
-    "rollout_corr/chi2_token:+10%"
+    "(relative to the baseline; without % the change is absolute); abs(METRIC) holds the magnitude, "
+    "e.g. rollout_corr/kl<=0.01, abs(kl)<=0.01, rollout_corr/chi2_token:+10%"
 )
+RULE_HELP = ("A limit: METRIC<=X, >=, <, > or METRIC:+N% / :-N% / :±N% relative to the baseline; abs(METRIC) "
+             "for its magnitude, e.g. 'abs(kl)<=0.01'. Repeatable; adds to the [check] table of --config.")
 
 
 @dataclass(frozen=True)
@@ -40,33 +43,41 @@ class Rule:
     value: float
     percent: bool = False
     origin: str = "--fail-on"
+    magnitude: bool = False  # abs(METRIC): the rule holds |value| (and |baseline|)
 
     @property
     def relative(self) -> bool:
         """Whether the rule needs a baseline."""
         return self.op in ("+", "-", "±")
 
+    @property
+    def subject(self) -> str:
+        """What the rule holds: the metric, or |metric|."""
+        return f"|{self.metric}|" if self.magnitude else self.metric
+
     def describe(self) -> str:
         """The rule in words."""
         if not self.relative:
-            return f"{self.metric} {self.op} {self.value:g}"
+            return f"{self.subject} {self.op} {self.value:g}"
         amount = f"{self.value:g}%" if self.percent else f"{self.value:g}"
         verb = {"+": "may grow by at most", "-": "may drop by at most", "±": "may change by at most"}[self.op]
-        return f"{self.metric} {verb} {amount} vs baseline"
+        return f"{self.subject} {verb} {amount} vs baseline"
 
 
 def parse_rule(text: str, origin: str = "--fail-on") -> Rule:
     """Parse one rule; a malformed rule is a usage error (exit 2)."""
     match = _ABSOLUTE.match(text)
     if match:
-        return Rule(text.strip(), match["metric"], match["op"], float(match["value"]), origin=origin)
+        return Rule(text.strip(), match["metric"] or match["abs_metric"], match["op"], float(match["value"]),
+                    origin=origin, magnitude=match["abs_metric"] is not None)
     match = _RELATIVE.match(text)
     if match:
         sign = "±" if match["sign"] in ("+/-", "+-", "±") else match["sign"]
         value = float(match["value"])
         if not math.isfinite(value):
             raise UsageError(f"{origin}: rule '{text}' has a non-finite limit", hint=f"write {RULE_GRAMMAR}")
-        return Rule(text.strip(), match["metric"], sign, value, percent=match["pct"] is not None, origin=origin)
+        return Rule(text.strip(), match["metric"] or match["abs_metric"], sign, value,
+                    percent=match["pct"] is not None, origin=origin, magnitude=match["abs_metric"] is not None)
     raise UsageError(f"{origin}: cannot parse rule '{text}'", hint=f"write {RULE_GRAMMAR}")
 
 
@@ -98,7 +109,7 @@ def load_check_config(path: Path | None) -> CheckConfig:
         raw_rules = [raw_rules]
     if not isinstance(raw_rules, list) or not all(isinstance(r, str) for r in raw_rules):
         raise UsageError(f"{path}: [check] fail_on must be a list of strings",
-                         hint='e.g. fail_on = ["rollout_corr/kl<=0.01"]')
+                         hint='e.g. fail_on = ["abs(rollout_corr/kl)<=0.01"]')
     baseline = table.get("baseline")
     if baseline is not None and not isinstance(baseline, str):
         raise UsageError(f"{path}: [check] baseline must be a path string", hint='e.g. baseline = "ci/report.json"')
@@ -175,11 +186,18 @@ class CheckResult:
                 "rules": [o.to_dict() for o in self.outcomes]}
 
 
-def _suggest(metric: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(metric, known, n=3, cutoff=0.5)
-    if close:
-        return f"did you mean {', '.join(close)}?"
-    return "run `mismatch analyze --format json` to list the metrics"
+def _absent(metric: str, known: list[str]) -> str:
+    """Why a rule's metric is not in the report: a typo (with the closest keys), or a key this run lacks."""
+    from mismatch_cli.metrics import closest, lookup, resolve_name
+
+    registered = resolve_name(metric)
+    if registered is None:
+        close = closest(metric, known)
+        tail = f"did you mean {', '.join(close)}?" if close else "run `mismatch metrics` to list the metrics"
+        return f"unknown metric {metric} (not a metric mismatch reports); {tail}"
+    family = lookup(registered).family  # type: ignore[union-attr]
+    return (f"{registered} is not in the input's report ({family.name} keys are reported {family.produced}); "
+            "--missing warn or skip allows that")
 
 
 def _missing(rule: Rule, policy: str, message: str, code: int) -> Outcome:
@@ -200,24 +218,26 @@ def evaluate_rule(rule: Rule, candidate: Report, baseline: Report | None, missin
     if metric not in candidate.metrics and VERL_PREFIX + metric in candidate.metrics:
         metric = VERL_PREFIX + metric  # `kl<=0.01` means rollout_corr/kl
     if metric not in candidate.metrics:
-        return _missing(rule, missing, f"unknown metric {metric} (not in the input's report); "
-                        f"{_suggest(metric, sorted(candidate.metrics))}", 2)
+        return _missing(rule, missing, _absent(metric, sorted(candidate.metrics)), 2)
     value = candidate.metrics[metric]
     if value is None or not math.isfinite(value):
         return _missing(rule, missing, f"{metric} is null in the input (undefined for this data)", 3)
+    value = abs(value) if rule.magnitude else value
+    name = f"|{metric}|" if rule.magnitude else metric
     if not rule.relative:
         limit = rule.value
         ok = {"<=": value <= limit, ">=": value >= limit, "<": value < limit, ">": value > limit}[rule.op]
         scale = max(abs(limit), 1e-12)
         return Outcome(rule, "pass" if ok else "fail", metric, value=value, bound=limit,
                        severity=0.0 if ok else abs(value - limit) / scale,
-                       message=f"{metric} = {value:.6g} {'satisfies' if ok else 'breaches'} {rule.op} {limit:g}")
+                       message=f"{name} = {value:.6g} {'satisfies' if ok else 'breaches'} {rule.op} {limit:g}")
     if baseline is None:  # callers refuse relative rules without a baseline up front
         return Outcome(rule, "error", metric, value=value, message=f"{rule.text} needs --baseline", exit_code=2)
     base = baseline.metrics.get(metric)
     if base is None or not math.isfinite(base):
         what = "has no" if metric not in baseline.metrics else "has a null"
         return _missing(rule, missing, f"the baseline {what} {metric}", 3)
+    base = abs(base) if rule.magnitude else base
     upper, lower = _bound(rule, base)
     over = upper is not None and value > upper
     under = lower is not None and value < lower
@@ -228,10 +248,10 @@ def evaluate_rule(rule: Rule, candidate: Report, baseline: Report | None, missin
     if over or under:
         severity = (value - upper) / scale if over else (lower - value) / scale
         return Outcome(rule, "fail", metric, value, base, bound, severity=float(severity),
-                       message=f"{metric} = {value:.6g} vs baseline {base:.6g} ({change_text}) breaches "
+                       message=f"{name} = {value:.6g} vs baseline {base:.6g} ({change_text}) breaches "
                        f"{rule.text.split(':', 1)[1].strip()} (limit {bound:.6g})")
     return Outcome(rule, "pass", metric, value, base, bound,
-                   message=f"{metric} = {value:.6g} vs baseline {base:.6g} ({change_text}) within "
+                   message=f"{name} = {value:.6g} vs baseline {base:.6g} ({change_text}) within "
                    f"{rule.text.split(':', 1)[1].strip()}")
 
 
@@ -250,6 +270,8 @@ def require_baseline(rules: list[Rule], baseline: str | None) -> None:
 
 __all__ = [
     "MISSING_POLICIES",
+    "RULE_GRAMMAR",
+    "RULE_HELP",
     "CheckConfig",
     "CheckResult",
     "Outcome",
