@@ -17,6 +17,7 @@ from rich.console import Console
 
 from mismatch_cli import __version__
 from mismatch_cli.errors import MismatchError, UsageError
+from mismatch_cli.thresholds import RULE_HELP
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ran, nothing breached; 1 a threshold was breached; 2 usage or configuration "
@@ -527,6 +528,31 @@ def presets(
     Console(highlight=False).print(table)
 
 
+@app.command("metrics")
+@_guard
+def metrics_command(
+    query: Annotated[str | None, typer.Argument(help="Only this key, or the keys containing this text.")] = None,
+    output_format: Annotated[OutputFormat, typer.Option("--format", help="table, json or markdown.")] = (
+        OutputFormat.table
+    ),
+) -> None:
+    """List every metric key: meaning, reduction, which way is better, healthy band and its source."""
+    from mismatch_cli.metrics import closest, find
+    from mismatch_cli.render.metrics import render_metrics_json, render_metrics_markdown, render_metrics_table
+
+    chosen = find(query)
+    if not chosen:
+        close = closest(query or "")
+        raise UsageError(f"no metric key matches '{query}'",
+                         hint=f"did you mean {', '.join(close)}?" if close else "run `mismatch metrics` for all")
+    if output_format is OutputFormat.json:
+        sys.stdout.write(render_metrics_json(chosen))
+    elif output_format is OutputFormat.markdown:
+        sys.stdout.write(render_metrics_markdown(chosen))
+    else:
+        render_metrics_table(chosen, Console(highlight=False))
+
+
 @app.command()
 @_guard
 def synth(
@@ -581,10 +607,7 @@ class GithubMode(str, enum.Enum):
     off = "off"
 
 
-FailOnOpt = Annotated[
-    list[str], typer.Option("--fail-on", help="A limit: METRIC<=X, METRIC>=X, or METRIC:+N% / :-N% / :±N% relative "
-                            "to the baseline. Repeatable; adds to the [check] table of --config.")
-]
+FailOnOpt = Annotated[list[str], typer.Option("--fail-on", help=RULE_HELP)]
 MissingOpt = Annotated[
     MissingPolicy | None,
     typer.Option("--missing", help="A rule naming a metric the input or baseline lacks: error (default), warn, skip."),
