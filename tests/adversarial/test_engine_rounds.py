@@ -105,10 +105,15 @@ def test_tables_and_plots_show_a_bounded_number_of_rounds() -> None:
     from mismatch_cli.report import Report
 
     rounds = [{"round": k, "rows": 1, "tokens": 1, "abs_diff_mean": 0.01 * (k == 4000)} for k in range(5000)]
-    report = Report(tool={}, created_at="", inputs=[], config={}, metrics={}, rounds=rounds,
+    report = Report(tool={}, created_at="", inputs=[], config={}, metrics={"rollout_corr/kl": 0.0}, rounds=rounds,
                     steps=[{"step": 0, "rounds": rounds}])
     section = rounds_section(report)
     assert len(section.columns) == 1 + SHOWN_ROUNDS + 1  # the first rounds, then the worst one
     assert section.columns[-1] == "r4000 *"
     assert "4976 more rounds in report.json" in section.note
     assert len(rounds_by_step_section(report).columns) == 1 + SHOWN_ROUNDS
+    from mismatch_cli.compare import compare_reports
+    from mismatch_cli.render.compare import round_cells
+
+    cells = round_cells(compare_reports(report, report))
+    assert len(cells) == SHOWN_ROUNDS + 1 and "+4976 more" in cells[-1][1]
