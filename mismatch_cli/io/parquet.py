@@ -25,6 +25,17 @@ from .aliases import resolve_roles
 from .options import ReadOptions
 
 _READ_HINT = "check that the file is a complete parquet file (re-export it if it was truncated or half-written)"
+_CHECKSUM_HINT = ("the file changed after it was written (a bad copy, disk or transfer): copy it again from its "
+                  "source, or re-export it")
+
+
+def _read_error(path: str, exc: BaseException, after: str = "") -> InputError:
+    """The InputError for a pyarrow failure; a page whose CRC does not match says so (the data is corrupt)."""
+    text = reason(exc)
+    if "checksum" in text.lower() or "crc" in text.lower():
+        return InputError(f"cannot read {path}: a data page failed its CRC checksum, so its bytes are corrupt{after}",
+                          hint=_CHECKSUM_HINT)
+    return InputError(f"cannot read {path} as parquet: {text}{after}", hint=_READ_HINT)
 
 
 def _is_list(t: pa.DataType) -> bool:
@@ -98,9 +109,11 @@ def read_parquet(path: str, options: ReadOptions, row_groups: Sequence[int] | No
     """Stream a wide parquet file (or some of its row groups) as Batches, reading only the needed columns."""
     check_file(path)
     try:
-        handle = pq.ParquetFile(path, pre_buffer=False)
+        # Pages written with a CRC (ours are) are verified, so a flipped bit is refused, not read as data;
+        # pages without one are read as before.
+        handle = pq.ParquetFile(path, pre_buffer=False, page_checksum_verification=True)
     except (pa.ArrowException, OSError) as exc:
-        raise InputError(f"cannot read {path} as parquet: {reason(exc)}", hint=_READ_HINT) from exc
+        raise _read_error(path, exc) from exc
     with handle:
         yield from _read_open(handle, path, options, row_groups)
 
@@ -166,9 +179,7 @@ def _read_open(handle: pq.ParquetFile, path: str, options: ReadOptions,
                 yield _to_batch(record_batch, names, step_name, id_name, groups, path, first_row)
                 first_row += record_batch.num_rows
     except (pa.ArrowException, OSError) as exc:
-        raise InputError(
-            f"cannot read {path} as parquet: {reason(exc)} (after row {first_row})", hint=_READ_HINT
-        ) from exc
+        raise _read_error(path, exc, f" (after row {first_row})") from exc
 
 
 def _to_batch(
