@@ -10,7 +10,9 @@ import pyarrow.parquet as pq
 from conftest import assert_clean_failure, mismatch
 
 from mismatch_cli.api import analyze
+from mismatch_cli.convert import convert
 from mismatch_cli.errors import InputError
+from mismatch_cli.synth import SynthSpec, write_synthetic_dump
 
 
 def table(rows: int = 40, width: int = 50) -> pa.Table:
@@ -65,9 +67,9 @@ def test_without_checksums_files_still_read(tmp_path: Path) -> None:
 
 def test_synth_and_convert_write_checksums(tmp_path: Path) -> None:
     dump = tmp_path / "synth.parquet"
-    assert mismatch("synth", dump, "--tokens", "3000").code == 0
+    write_synthetic_dump(dump, SynthSpec(tokens=3000))  # = mismatch synth
     converted = tmp_path / "converted.parquet"
-    assert mismatch("convert", dump, "-o", converted).code == 0
+    convert([str(dump)], converted)  # = mismatch convert
     for path in (dump, converted):
         bad = path.with_name(f"bad-{path.name}")
         flip_inside_data_page(path, bad)
