@@ -3,7 +3,9 @@
 A non-negative float32's bit pattern is monotone in its value, and its top 16 bits (exponent plus
 7 mantissa bits) name a bucket whose width is at most 2^-7 of its lower edge: reporting the bucket's
 midpoint is within 0.4 % of any value in it. One shift per token, no log; counts live in a fixed
-grid, so the state never grows with the data and sketches merge by adding counts.
+grid, so the state never grows with the data and sketches merge by adding counts (exactly, so a
+quantile never depends on chunking). `GroupedSketch` keeps such counts per round index, sparse
+beyond the first few rounds.
 """
 
 from __future__ import annotations
