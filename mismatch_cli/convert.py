@@ -144,7 +144,7 @@ def convert(
             if writer is None:
                 schema = _schema(batch, float_type)
                 summary.columns = schema.names
-                writer = pq.ParquetWriter(tmp, schema, compression="zstd")
+                writer = pq.ParquetWriter(tmp, schema, compression="zstd", write_page_checksum=True)
             writer.write_batch(_record_batch(batch, schema, float_type, float_np))
             _, counts = quality_counts(batch.old_log_probs, batch.rollout_log_probs, batch.response_mask)
             summary.sequences += batch.num_rows

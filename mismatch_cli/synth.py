@@ -353,6 +353,7 @@ def _write_parquet(path: Path, spec: SynthSpec, row_positions: np.ndarray) -> No
         # Byte-stream split makes float mantissas compressible; every parquet reader decodes it.
         column_encoding={f"{name}.list.element": "BYTE_STREAM_SPLIT" for name in floats},
         write_statistics=["uid", "step"],
+        write_page_checksum=True,  # readers verify the CRC: a corrupted copy is refused, not misread
     ) as writer:
         pending: _Chunk | None = None
         for chunk in _chunks(spec, len(row_positions)):

@@ -19,7 +19,7 @@ from mismatch_cli.config import SAFETY_BOUND
 from mismatch_cli.engine.chunk import MAX_CHUNK_POSITIONS, Chunk
 from mismatch_cli.engine.ops import segment_sum
 from mismatch_cli.engine.sketch import NUM_BUCKETS, SHIFT
-from mismatch_cli.engine.state import Reducer
+from mismatch_cli.engine.state import F64, Reducer
 
 SIGNED_LEVELS = (0.001, 0.01, 0.1, 0.5, 0.9, 0.99, 0.999)
 ABS_LEVELS = (0.5, 0.9, 0.99, 0.999, 0.9999)
@@ -143,13 +143,15 @@ class PairSums:
         d = _exp(rollout, scratch("d", n, dtype, device))
         torch.sub(x, d, out=d)
         s.add("n", float(x.numel()))
-        s.add("x", x.sum())
-        s.add("d", d.sum())
-        s.add("xx", torch.dot(x, x))
-        s.add("xd", torch.dot(x, d))
-        s.add("dd", torch.dot(d, d))
+        s.add("x", x)
+        s.add("d", d)
+        # Products per token in the compute dtype, their sums in float64 (a float32 dot is chunk-dependent).
+        product = scratch("product", n, dtype, device)
+        s.add("xx", torch.mul(x, x, out=product))
+        s.add("xd", torch.mul(x, d, out=product))
+        s.add("dd", torch.mul(d, d, out=product))
         d.abs_()
-        s.add("abs_d", d.sum())
+        s.add("abs_d", d)
         s.max("max_abs_d", d.max())
 
     def merge(self, other: PairSums) -> None:
@@ -212,9 +214,9 @@ class PositionProfile:
             kept_before = np.concatenate(([0], np.cumsum(valid, dtype=np.int64)))
             start, end = kept_before[start], kept_before[end]
         counts = end - start
-        values = chunk.abs_log_ratio  # a segment holds <= POSITION_BIN tokens: the compute dtype is precise enough
+        values = chunk.abs_log_ratio
         lengths = torch.from_numpy(counts).to(values.device)
-        sums = segment_sum(values, lengths).cpu().numpy().astype(np.float64)
+        sums = segment_sum(values, lengths, dtype=F64).cpu().numpy()
         size = int(index.max()) + 1
         self._grow(size)
         self.sums[:size] += np.bincount(index, weights=sums, minlength=size)
@@ -258,13 +260,13 @@ class DiagnosticsAccumulator:
         s.add("tokens", float(chunk.num_tokens))
         s.add("rows", float(chunk.num_rows))
         s.add("empty_rows", (~chunk.row_valid).sum())
-        s.add("sum_abs", abs_log_ratio.sum())
-        s.add("sum_log_ratio", log_ratio.sum())
+        s.add("sum_abs", abs_log_ratio)
+        s.add("sum_log_ratio", log_ratio)
         n, dtype, device = chunk.num_tokens, log_ratio.dtype, log_ratio.device
         s.add("negative", torch.lt(log_ratio, 0, out=scratch("flag", n, torch.bool, device)).sum())
-        s.add("sum_exp_abs", _exp(abs_log_ratio, scratch("x", n, dtype, device)).sum())
-        s.add("sum_ratio", ratio.sum())
-        s.add("sum_ratio_sq", chunk.ratio_safe_sq.sum())
+        s.add("sum_exp_abs", _exp(abs_log_ratio, scratch("x", n, dtype, device)))
+        s.add("sum_ratio", ratio)
+        s.add("sum_ratio_sq", chunk.ratio_safe_sq)
         for name in ("nonfinite_tokens", "sentinel_tokens"):
             s.add(name, float(chunk.quality[name]))
         if chunk.num_tokens == 0:
@@ -276,8 +278,8 @@ class DiagnosticsAccumulator:
         row_log_ratio = chunk.log_ratio_row_sum[chunk.row_valid]
         row_weight = torch.exp(row_log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))
         s.add("valid_rows", float(row_weight.numel()))
-        s.add("sum_row_weight", row_weight.sum())
-        s.add("sum_row_weight_sq", row_weight.square().sum())
+        s.add("sum_row_weight", row_weight)
+        s.add("sum_row_weight_sq", row_weight.square())
         self.row_counts += torch.bincount(signed_buckets(row_log_ratio), minlength=2 * NUM_BUCKETS)
         self.positions.update(chunk)
 

@@ -15,6 +15,7 @@ import torch
 from mismatch_cli.config import SAFETY_BOUND
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.offpolicy import OffPolicyAccumulator
+from mismatch_cli.engine.ops import total
 from mismatch_cli.engine.sketch import LogSketch
 from mismatch_cli.engine.state import F64, Moments, Reducer, float32_fraction
 from mismatch_cli.legacy import LegacySpec, RatioBlockSpec, VetoSpec, threshold_log
@@ -84,7 +85,7 @@ class RatioBlock:
         if spec.level == "token":
             ratio = chunk.ratio_safe
             clamped = ratio.clamp(spec.lower, spec.upper).to(F64)  # float64 before squaring: std cancels
-            s.add("sum", ratio.sum())
+            s.add("sum", ratio)
             s.add("sum_c", clamped.sum())
             s.add("sum_c_sq", clamped.square().sum())
             s.add("high", (ratio > spec.upper).sum())
@@ -101,7 +102,7 @@ class RatioBlock:
                 s.add("rejected_rows", (chunk.row_count(rejected) > 0).sum())
             if spec.batch_normalize:
                 truncated = ratio.clamp(max=spec.upper)
-                s.add("sum_truncated", truncated.sum())
+                s.add("sum_truncated", truncated)
             if spec.percentiles:
                 self._keep_values(ratio)
         else:
@@ -302,11 +303,11 @@ class PackMismatchBlock:
         """Fold one chunk in."""
         s = self.state
         s.add("tokens", float(chunk.num_tokens))
-        s.add("old", chunk.old.sum())
-        s.add("rollout", chunk.rollout.sum())
-        s.add("neg_log_ratio", -chunk.log_ratio.sum())
-        s.add("k3", chunk.k3.sum())
-        s.add("abs", chunk.abs_log_ratio.sum())
+        s.add("old", chunk.old)
+        s.add("rollout", chunk.rollout)
+        s.add("neg_log_ratio", -total(chunk.log_ratio))
+        s.add("k3", chunk.k3)
+        s.add("abs", chunk.abs_log_ratio)
 
     def merge(self, other: PackMismatchBlock) -> None:
         """Fold another shard in."""

@@ -6,6 +6,7 @@ import torch
 
 from mismatch_cli.config import SAFETY_BOUND
 from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.ops import total
 from mismatch_cli.engine.state import Reducer
 
 OFFPOLICY_KEYS = (
@@ -39,10 +40,10 @@ class OffPolicyAccumulator:
         s.add("tokens", float(chunk.num_tokens))
         s.add("rows", float(chunk.num_rows))
         # kl is MM(rollout - old): the k1 estimate of KL(pi_rollout || pi_train), unclamped.
-        s.add("sum_neg_log_ratio", -log_ratio.sum())  # rollout - old == -(old - rollout) exactly
+        s.add("sum_neg_log_ratio", -total(log_ratio))  # rollout - old == -(old - rollout) exactly
         # k3 uses the unclamped ratio, so a huge log-ratio overflows to inf exactly as in verl.
-        s.add("sum_k3", chunk.k3.sum())
-        s.add("sum_rho_sq", chunk.ratio_safe_sq.sum())
+        s.add("sum_k3", chunk.k3)
+        s.add("sum_rho_sq", chunk.ratio_safe_sq)
         train_mean = chunk.row_mean(chunk.old, exact=self.exact_mask)
         rollout_mean = chunk.row_mean(chunk.rollout, exact=self.exact_mask)
         log_ppl_diff = rollout_mean - train_mean

@@ -5,6 +5,23 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+F64 = torch.float64
+
+
+def total(values: torch.Tensor) -> torch.Tensor:
+    """Float64 sum of every element as a 0-d tensor: float32 values are accumulated in float64, counts exactly.
+
+    Every sum that crosses a chunk boundary goes through here, so a result never depends on how the
+    dump was split into files, row groups or chunks (a float32 partial sum would).
+    """
+    if not values.is_floating_point():
+        return values.sum().to(F64)  # bool / integer: an exact int64 count
+    if values.device.type == "cpu":
+        # numpy casts buffer by buffer: no float64 copy of the tokens (torch's sum(dtype=) makes one).
+        return torch.tensor(np.add.reduce(values.numpy().reshape(-1), dtype=np.float64), dtype=F64)
+    return values.sum(dtype=F64)
+
+
 
 def segment_sum(values: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Sums of consecutive segments of `values` with the given lengths (0 for an empty segment).

@@ -72,7 +72,7 @@ class RejectionAccumulator:
                 row_value = chunk.row_mean(stat, exact=self.exact_mask)
                 reject = ~bounds.keep(stat)
                 clamped = stat.clamp(min=bounds.low, max=bounds.high).to(F64)  # float64: std cancels
-                s.add(f"{name}:sum", stat.sum())
+                s.add(f"{name}:sum", stat)
                 s.add(f"{name}:sum_c", clamped.sum())
                 s.add(f"{name}:sum_c_sq", clamped.square().sum())
                 s.add(f"{name}:count_high", (stat > bounds.high).sum())

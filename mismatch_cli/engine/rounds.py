@@ -15,7 +15,7 @@ import torch
 
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.ops import count_in_segments, repeat_segments, segment_sum
-from mismatch_cli.engine.sketch import LogSketch
+from mismatch_cli.engine.sketch import NUM_BUCKETS, GroupedSketch, LogSketch
 from mismatch_cli.engine.state import F64
 
 CATASTROPHIC_LOG_RATIO = math.log(1e4)  # a token ratio outside [1e-4, 1e4]
@@ -75,7 +75,7 @@ class RoundTable:
     def __init__(self, device: torch.device) -> None:
         self.sums = torch.zeros((0, len(FEATURES)), dtype=F64, device=device)
         self.rows = torch.zeros(0, dtype=F64, device=device)
-        self.sketch = LogSketch(device)
+        self.sketch = GroupedSketch(device)
 
     def _grow(self, size: int) -> None:
         if size > self.sums.shape[0]:
@@ -112,6 +112,7 @@ class RoundTable:
         """One mapping per round index; means are null for a round with no valid token."""
         sums = self.sums.cpu().tolist()
         rows = self.rows.cpu().tolist()
+        p99 = self.sketch.quantile(P99, len(rows))  # every round at once: no per-round pass over the buckets
         table = []
         for k, (row_sums, reached) in enumerate(zip(sums, rows, strict=True)):
             f = dict(zip(FEATURES, row_sums, strict=True))
@@ -125,7 +126,7 @@ class RoundTable:
                 "rows": reached,
                 "tokens": tokens,
                 "abs_diff_mean": mean("abs_sum"),
-                "abs_diff_p99": self.sketch.quantiles([P99], k)[0],
+                "abs_diff_p99": p99[k],
                 "kl": mean("neg_log_ratio_sum"),
                 "k3_kl": mean("k3_sum"),
                 "chi2_token": None if not tokens else f["rho_sq_sum"] / tokens - 1.0,
@@ -202,17 +203,14 @@ class RoundsAccumulator:
         table = torch.stack(columns, dim=1)
         index = torch.from_numpy(runs.index).to(device)
         index_from_end = torch.from_numpy(runs.index_from_end).to(device)
-        buckets = self.from_start.sketch.buckets(chunk.abs_log_ratio)
+        buckets = LogSketch.buckets(chunk.abs_log_ratio)
         if int(runs.rounds_per_row.max()) == 1:  # single-turn: every token is round 0 from both ends
-            counts = torch.bincount(buckets, minlength=self.from_start.sketch.num_buckets)
+            counts = torch.bincount(buckets, minlength=NUM_BUCKETS)
             self.from_start.add(index, table, None, None, counts)
             self.from_end.add(index_from_end, table, None, None, counts)
         else:
-            # One repeat to tokens carries both indices, packed as (from-start << bits) | from-end.
-            bits = max(int(runs.rounds_per_row.max()), 1).bit_length()
-            token_code = repeat_segments((index << bits) | index_from_end, run_tokens)
-            self.from_start.add(index, table, token_code >> bits, buckets)
-            self.from_end.add(index_from_end, table, token_code & ((1 << bits) - 1), buckets)
+            self.from_start.add(index, table, repeat_segments(index, run_tokens), buckets)
+            self.from_end.add(index_from_end, table, repeat_segments(index_from_end, run_tokens), buckets)
         self.total_rounds += int(runs.row.size)
         self.max_rounds = max(self.max_rounds, int(runs.rounds_per_row.max()))
 

@@ -3,7 +3,9 @@
 A non-negative float32's bit pattern is monotone in its value, and its top 16 bits (exponent plus
 7 mantissa bits) name a bucket whose width is at most 2^-7 of its lower edge: reporting the bucket's
 midpoint is within 0.4 % of any value in it. One shift per token, no log; counts live in a fixed
-grid, so the state never grows with the data and sketches merge by adding counts.
+grid, so the state never grows with the data and sketches merge by adding counts (exactly, so a
+quantile never depends on chunking). `GroupedSketch` keeps such counts per round index, sparse
+beyond the first few rounds.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class LogSketch:
         if num_groups is None:
             num_groups = 1 if groups is None else int(groups.max().item()) + 1
         self._grow(num_groups)
-        flat = buckets if groups is None else (groups.to(torch.int32) << (31 - SHIFT)) | buckets
+        flat = buckets if groups is None else (groups.to(torch.int64) << (31 - SHIFT)) | buckets
         counts = torch.bincount(flat, minlength=num_groups * NUM_BUCKETS)
         self.counts[:num_groups] += counts.view(num_groups, NUM_BUCKETS)
 
@@ -89,3 +91,125 @@ class LogSketch:
             high_value = at_rank(min(low + 1, total - 1)) if frac > 0 else low_value
             out.append(low_value + frac * (high_value - low_value))
         return out
+
+
+GROUP_SHIFT = 31 - SHIFT  # a grouped key is (group << GROUP_SHIFT) | bucket
+DENSE_GROUPS = 8  # groups kept as dense count rows; higher groups (rare rounds) are kept sparse
+COMPACT_MIN = 1 << 16  # pending sparse entries tolerated before a merge, at the least
+
+
+def bucket_midpoints(buckets: np.ndarray) -> np.ndarray:
+    """The value each bucket reports (its midpoint; bucket 0 holds zeros), float64."""
+    middle = ((buckets.astype(np.int64) << SHIFT) | (1 << (SHIFT - 1))).astype(np.int32)
+    with np.errstate(invalid="ignore"):
+        values = middle.view(np.float32).astype(np.float64)
+    return np.where(buckets == 0, 0.0, values)
+
+
+def merge_counts(keys: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique keys and the summed counts of each (keys may repeat, in any order)."""
+    if keys.size == 0:
+        return keys.astype(np.int64), counts.astype(np.int64)
+    order = np.argsort(keys, kind="stable")
+    keys, counts = keys[order], counts[order]
+    first = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    return keys[first], np.add.reduceat(counts, first)
+
+
+class GroupedSketch:
+    """LogSketch counts per group (round index) in memory linear in the values, however many groups.
+
+    Groups below DENSE_GROUPS are dense count rows (the common case: a few rounds per row); higher
+    groups keep only their occupied buckets as sorted (key, count) pairs, merged lazily so the work
+    stays O(n log n). A row with thousands of one-token rounds then costs a few bytes per token,
+    not a 256 KB count row per round.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.dense = torch.zeros((0, NUM_BUCKETS), dtype=torch.int64, device=device)
+        self.keys = np.zeros(0, dtype=np.int64)
+        self.counts = np.zeros(0, dtype=np.int64)
+        self.pending: list[tuple[np.ndarray, np.ndarray]] = []
+        self.pending_size = 0
+
+    def _grow(self, groups: int) -> None:
+        groups = min(groups, DENSE_GROUPS)
+        if groups > self.dense.shape[0]:
+            extra = torch.zeros((groups - self.dense.shape[0], NUM_BUCKETS), dtype=torch.int64, device=self.device)
+            self.dense = torch.cat([self.dense, extra])
+
+    def _add_sparse(self, keys: np.ndarray, counts: np.ndarray) -> None:
+        if keys.size == 0:
+            return
+        self.pending.append((keys, counts))
+        self.pending_size += keys.size
+        if self.pending_size > max(self.keys.size, COMPACT_MIN):
+            self._compact()
+
+    def _compact(self) -> None:
+        if self.pending:
+            parts = [(self.keys, self.counts), *self.pending]
+            self.keys, self.counts = merge_counts(np.concatenate([k for k, _ in parts]),
+                                                  np.concatenate([c for _, c in parts]))
+            self.pending, self.pending_size = [], 0
+
+    def add_counts(self, counts: torch.Tensor) -> None:
+        """Add precomputed bucket counts to group 0."""
+        self._grow(1)
+        self.dense[0] += counts.to(self.device)
+
+    def add_buckets(self, buckets: torch.Tensor, groups: torch.Tensor, num_groups: int) -> None:
+        """Count bucket indices, each in group `groups[i]` (every group < `num_groups`)."""
+        if buckets.numel() == 0:
+            return
+        self._grow(num_groups)
+        dense_groups = min(num_groups, DENSE_GROUPS)
+        if num_groups > DENSE_GROUPS:
+            sparse = groups >= DENSE_GROUPS
+            high_groups, high_buckets = groups[sparse].cpu().numpy(), buckets[sparse].cpu().numpy()
+            keys = (high_groups.astype(np.int64) << GROUP_SHIFT) | high_buckets
+            unique, counts = np.unique(keys, return_counts=True)
+            self._add_sparse(unique, counts.astype(np.int64))
+            low = ~sparse
+            groups, buckets = groups[low], buckets[low]
+        flat = (groups.to(torch.int64) << GROUP_SHIFT) | buckets
+        counts = torch.bincount(flat, minlength=dense_groups * NUM_BUCKETS)
+        self.dense[:dense_groups] += counts.view(dense_groups, NUM_BUCKETS)
+
+    def merge(self, other: GroupedSketch) -> None:
+        """Add another sketch's counts."""
+        self._grow(other.dense.shape[0])
+        self.dense[: other.dense.shape[0]] += other.dense.to(self.device)
+        other._compact()
+        self._add_sparse(other.keys, other.counts)
+
+    def quantile(self, q: float, num_groups: int) -> list[float | None]:
+        """Quantile `q` of each group 0..num_groups-1 (numpy's linear interpolation; None for an empty group)."""
+        self._compact()
+        dense = self.dense.cpu().numpy()
+        rows, buckets = np.nonzero(dense)
+        keys = np.concatenate([(rows.astype(np.int64) << GROUP_SHIFT) | buckets, self.keys])
+        counts = np.concatenate([dense[rows, buckets], self.counts])  # dense keys all precede the sparse ones
+        if keys.size == 0:
+            return [None] * num_groups
+        group = keys >> GROUP_SHIFT
+        cumulative = np.cumsum(counts)
+        every = np.arange(num_groups)
+        start, end = np.searchsorted(group, every, "left"), np.searchsorted(group, every, "right")
+        before = np.where(start > 0, cumulative[np.maximum(start - 1, 0)], 0)
+        total = np.where(end > start, cumulative[np.maximum(end - 1, 0)] - before, 0)
+        last_rank = np.maximum(total - 1, 0)
+        position = q * last_rank
+        low = np.floor(position).astype(np.int64)
+        frac = position - low
+        values = bucket_midpoints(keys & ((1 << GROUP_SHIFT) - 1))
+
+        def at_rank(rank: np.ndarray) -> np.ndarray:
+            return values[np.minimum(np.searchsorted(cumulative, before + rank, "right"), keys.size - 1)]
+
+        low_value = at_rank(low)
+        with np.errstate(invalid="ignore"):
+            out = np.where(frac > 0, low_value + frac * (at_rank(np.minimum(low + 1, last_rank)) - low_value),
+                           low_value)
+        return [float(v) if t else None for v, t in zip(out.tolist(), total.tolist(), strict=True)]

@@ -7,11 +7,15 @@ import math
 import numpy as np
 import torch
 
-F64 = torch.float64
+from mismatch_cli.engine.ops import F64, total
 
 
 class Reducer:
-    """Named float64 scalars, each merged by `sum`, `max` or `min`; never grows with the data."""
+    """Named float64 scalars, each merged by `sum`, `max` or `min`; never grows with the data.
+
+    Sums take the per-item values themselves (not a pre-reduced scalar) and accumulate them in
+    float64, so a float32 run gives the same totals however the dump was chunked.
+    """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -32,15 +36,23 @@ class Reducer:
             self.values[name] = torch.minimum(current, value)
 
     def add(self, name: str, value: torch.Tensor | float) -> None:
-        """Add `value` to the running sum `name`."""
+        """Add `value` (a number, or a tensor whose elements are summed in float64) to the running sum `name`."""
+        if isinstance(value, torch.Tensor):
+            # A 0-d float32 tensor is a sum already taken in float32: chunk-dependent, so refused here.
+            assert value.dim() > 0 or value.dtype == F64 or not value.is_floating_point(), name
+            value = total(value)
         self._put(name, value, "sum")
 
     def max(self, name: str, value: torch.Tensor | float) -> None:
-        """Fold `value` into the running maximum `name`."""
+        """Fold `value` (a number, or the largest element of a non-empty tensor) into the running maximum."""
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            value = value.max()
         self._put(name, value, "max")
 
     def min(self, name: str, value: torch.Tensor | float) -> None:
-        """Fold `value` into the running minimum `name`."""
+        """Fold `value` (a number, or the smallest element of a non-empty tensor) into the running minimum."""
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            value = value.min()
         self._put(name, value, "min")
 
     def merge(self, other: Reducer) -> None:

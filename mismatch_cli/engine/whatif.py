@@ -24,6 +24,7 @@ import torch
 from mismatch_cli.config import SAFETY_BOUND, RsOption
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.diagnostics import scratch
+from mismatch_cli.engine.ops import total
 from mismatch_cli.engine.rejection import OptionBounds, token_statistic
 from mismatch_cli.engine.state import F64
 
@@ -149,7 +150,8 @@ class WhatIfAccumulator:
         rest_r, rest_r_sq = float(row_r.sum() - ratio_c64.sum()), float(row_r_sq.sum() - ratio_sq_c.sum())
         if ratio_sq_c.sum() > 1e4 * tokens:
             rest = scratch("x", n, chunk.old.dtype, device).copy_(chunk.ratio_safe).masked_fill_(is_candidate, 0.0)
-            rest_r, rest_r_sq = float(rest.sum()), float(torch.dot(rest, rest))
+            rest_r = float(total(rest))
+            rest_r_sq = float(total(rest.square_()))  # in float64: a float32 sum would depend on the chunking
 
         def rows_hit(flags: np.ndarray) -> np.ndarray:
             """[B, J] bool: the row holds at least one flagged candidate, per setting."""

@@ -19,7 +19,18 @@ import pyarrow.json as pj
 
 from ..batch import Batch
 from ..errors import InputError
-from ._common import check_file, check_lengths, group_labels, mask_to_bool, missing_group, reason, row_at
+from ._common import (
+    check_file,
+    check_lengths,
+    group_labels,
+    int64_scalar,
+    int64_values,
+    log_prob_pair,
+    mask_to_bool,
+    missing_group,
+    reason,
+    row_at,
+)
 from .aliases import resolve_roles
 from .detect import first_record
 from .options import ReadOptions
@@ -249,8 +260,8 @@ def _to_batch(
     offsets = {role: np.concatenate([[0], np.cumsum(a.lengths)]).astype(np.int64) for role, a in arrays.items()}
     check_lengths(offsets, names, source, first_row, noun="field")
     row_offsets = offsets["old_log_probs"]
-    old_values = arrays["old_log_probs"].values.astype(np.float64, copy=False)
-    rollout_values = arrays["rollout_log_probs"].values.astype(np.float64, copy=False)
+    log_probs = {role: arrays[role].values for role in ("old_log_probs", "rollout_log_probs")}
+    old_values, rollout_values = log_prob_pair(log_probs, row_offsets, names, source, first_row, "field")
     if "response_mask" in arrays:
         mask = mask_to_bool(arrays["response_mask"].values, row_offsets, first_row, source, names["response_mask"],
                             "field")
@@ -263,7 +274,8 @@ def _to_batch(
         steps = _steps(_unwrap(part.column(step_name), fields[step_name], source, first_row), step_name, source,
                        first_row)
     elif flavor.step_from_path is not None:
-        steps = np.full(part.num_rows, flavor.step_from_path, dtype=np.int64)
+        steps = np.full(part.num_rows, int64_scalar(flavor.step_from_path, "step", f"the name of {source}"),
+                        dtype=np.int64)
     else:
         steps = None
     ids = _scalars(part.column(id_name), fields[id_name], source, first_row) if id_name else None
@@ -276,7 +288,8 @@ def _to_batch(
         first_row=first_row,
         steps=steps,
         sequence_ids=ids,
-        groups={g: group_labels(_scalars(part.column(g), fields[g], source, first_row)) for g in groups},
+        groups={g: group_labels(_scalars(part.column(g), fields[g], source, first_row), f"{source} field {g!r}",
+                                first_row) for g in groups},
     )
 
 
@@ -297,4 +310,4 @@ def _steps(column: pa.Array, name: str, source: str, first_row: int) -> np.ndarr
             f"expected an integer step, got {column[row].as_py()!r} in {source} row {first_row + row} field {name!r}",
             hint="every record needs an integer step, or drop the field to take the step from the file name",
         )
-    return column.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return int64_values(column.to_numpy(zero_copy_only=False), "step", f"{source} field {name!r}", first_row)

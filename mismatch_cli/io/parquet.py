@@ -13,18 +13,29 @@ from ..errors import InputError
 from ._common import (
     check_file,
     check_lengths,
-    common_float,
     group_labels,
+    int64_values,
+    log_prob_pair,
     mask_to_bool,
     missing_group,
     reason,
     row_at,
-    to_log_probs,
 )
 from .aliases import resolve_roles
 from .options import ReadOptions
 
 _READ_HINT = "check that the file is a complete parquet file (re-export it if it was truncated or half-written)"
+_CHECKSUM_HINT = ("the file changed after it was written (a bad copy, disk or transfer): copy it again from its "
+                  "source, or re-export it")
+
+
+def _read_error(path: str, exc: BaseException, after: str = "") -> InputError:
+    """The InputError for a pyarrow failure; a page whose CRC does not match says so (the data is corrupt)."""
+    text = reason(exc)
+    if "checksum" in text.lower() or "crc" in text.lower():
+        return InputError(f"cannot read {path}: a data page failed its CRC checksum, so its bytes are corrupt{after}",
+                          hint=_CHECKSUM_HINT)
+    return InputError(f"cannot read {path} as parquet: {text}{after}", hint=_READ_HINT)
 
 
 def _is_list(t: pa.DataType) -> bool:
@@ -45,8 +56,13 @@ def _check_role_type(field: pa.Field, role: str, source: str) -> None:
     )
 
 
-def _flatten(arr: pa.Array, role: str, name: str, source: str, first_row: int) -> tuple[np.ndarray, np.ndarray]:
-    """Flat values and chunk-relative int64 offsets of a list array, without a loop over rows."""
+def _flatten(arr: pa.Array, role: str, name: str, source: str,
+             first_row: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Flat values, chunk-relative int64 offsets and null positions (None: none) of a list array, no loop over rows.
+
+    A null log-prob becomes NaN here; `_refuse_valid_nulls` then refuses it only on a valid token, since
+    padding (mask 0) may hold anything.
+    """
     if arr.null_count:
         row = int(np.argmax(arr.is_null().to_numpy(zero_copy_only=False)))
         raise InputError(
@@ -59,15 +75,24 @@ def _flatten(arr: pa.Array, role: str, name: str, source: str, first_row: int) -
     else:
         raw = arr.offsets.to_numpy()
         offsets = raw.astype(np.int64) - int(raw[0])
-    if flat.null_count:
-        position = int(np.argmax(flat.is_null().to_numpy(zero_copy_only=False)))
+    nulls = flat.is_null().to_numpy(zero_copy_only=False) if flat.null_count else None
+    if nulls is not None and role == "response_mask":
+        _refuse_valid_nulls(nulls, None, offsets, role, name, source, first_row)
+    return flat.to_numpy(zero_copy_only=False), offsets, nulls
+
+
+def _refuse_valid_nulls(nulls: np.ndarray, mask: np.ndarray | None, offsets: np.ndarray, role: str, name: str,
+                        source: str, first_row: int) -> None:
+    """InputError for the first null on a valid token (mask 1, or anywhere without a mask)."""
+    bad = nulls if mask is None else nulls & mask
+    if bad.any():
+        position = int(np.argmax(bad))
         row = row_at(offsets, position)
         raise InputError(
             f"expected {role} values, got null in {source} row {first_row + row} column {name!r} "
-            f"(token {position - int(offsets[row])})",
-            hint="fill missing values (padding belongs where the mask is 0) before dumping",
+            f"(token {position - int(offsets[row])})" + (" where the mask is 1" if mask is not None else ""),
+            hint="fill missing values on trained-on tokens before dumping (padding, mask 0, may hold nulls)",
         )
-    return flat.to_numpy(zero_copy_only=False), offsets
 
 
 def _steps(arr: pa.Array, name: str, source: str, first_row: int) -> np.ndarray:
@@ -77,16 +102,18 @@ def _steps(arr: pa.Array, name: str, source: str, first_row: int) -> np.ndarray:
             f"expected an integer step, got null in {source} row {first_row + row} column {name!r}",
             hint="fill the step column, or drop it",
         )
-    return arr.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return int64_values(arr.to_numpy(zero_copy_only=False), "step", f"{source} column {name!r}", first_row)
 
 
 def read_parquet(path: str, options: ReadOptions, row_groups: Sequence[int] | None = None) -> Iterator[Batch]:
     """Stream a wide parquet file (or some of its row groups) as Batches, reading only the needed columns."""
     check_file(path)
     try:
-        handle = pq.ParquetFile(path, pre_buffer=False)
+        # Pages written with a CRC (ours are) are verified, so a flipped bit is refused, not read as data;
+        # pages without one are read as before.
+        handle = pq.ParquetFile(path, pre_buffer=False, page_checksum_verification=True)
     except (pa.ArrowException, OSError) as exc:
-        raise InputError(f"cannot read {path} as parquet: {reason(exc)}", hint=_READ_HINT) from exc
+        raise _read_error(path, exc) from exc
     with handle:
         yield from _read_open(handle, path, options, row_groups)
 
@@ -152,9 +179,7 @@ def _read_open(handle: pq.ParquetFile, path: str, options: ReadOptions,
                 yield _to_batch(record_batch, names, step_name, id_name, groups, path, first_row)
                 first_row += record_batch.num_rows
     except (pa.ArrowException, OSError) as exc:
-        raise InputError(
-            f"cannot read {path} as parquet: {reason(exc)} (after row {first_row})", hint=_READ_HINT
-        ) from exc
+        raise _read_error(path, exc, f" (after row {first_row})") from exc
 
 
 def _to_batch(
@@ -168,14 +193,20 @@ def _to_batch(
 ) -> Batch:
     values: dict[str, np.ndarray] = {}
     offsets: dict[str, np.ndarray] = {}
+    nulls: dict[str, np.ndarray | None] = {}
     for role, name in names.items():
-        values[role], offsets[role] = _flatten(record_batch.column(name), role, name, source, first_row)
+        values[role], offsets[role], nulls[role] = _flatten(record_batch.column(name), role, name, source, first_row)
     check_lengths(offsets, names, source, first_row)
     row_offsets = offsets["old_log_probs"]
-    old, rollout = common_float(to_log_probs(values["old_log_probs"]), to_log_probs(values["rollout_log_probs"]))
     if "response_mask" in values:
         mask = mask_to_bool(values["response_mask"], row_offsets, first_row, source, names["response_mask"])
     else:
+        mask = None
+    for role in ("old_log_probs", "rollout_log_probs"):
+        if nulls[role] is not None:
+            _refuse_valid_nulls(nulls[role], mask, row_offsets, role, names[role], source, first_row)
+    old, rollout = log_prob_pair(values, row_offsets, names, source, first_row)
+    if mask is None:
         mask = np.ones(len(old), dtype=np.bool_)
     steps = _steps(record_batch.column(step_name), step_name, source, first_row) if step_name else None
     ids = record_batch.column(id_name).to_numpy(zero_copy_only=False) if id_name else None
@@ -188,7 +219,8 @@ def _to_batch(
         first_row=first_row,
         steps=steps,
         sequence_ids=ids,
-        groups={name: _group_values(record_batch.column(name)) for name in groups},
+        groups={name: _group_values(record_batch.column(name), f"{source} column {name!r}", first_row)
+                for name in groups},
     )
 
 
@@ -208,9 +240,9 @@ def _check_group_type(field: pa.Field, source: str) -> None:
     )
 
 
-def _group_values(arr: pa.Array) -> np.ndarray:
+def _group_values(arr: pa.Array, where: str, first_row: int) -> np.ndarray:
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
     if arr.null_count and not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
         arr = arr.cast(pa.string())  # keeps nulls as None instead of NaN
-    return group_labels(arr.to_numpy(zero_copy_only=False))
+    return group_labels(arr.to_numpy(zero_copy_only=False), where, first_row)

@@ -14,7 +14,16 @@ from safetensors import SafetensorError, safe_open
 
 from ..batch import Batch
 from ..errors import InputError
-from ._common import check_file, common_float, group_labels, mask_to_bool, missing_group, reason, to_log_probs
+from ._common import (
+    check_file,
+    group_labels,
+    int64_scalar,
+    int64_values,
+    log_prob_pair,
+    mask_to_bool,
+    missing_group,
+    reason,
+)
 from .aliases import resolve_roles
 from .options import ReadOptions
 
@@ -248,9 +257,7 @@ def read_safetensors(path: str, options: ReadOptions) -> Iterator[Batch]:
                 values = {role: reader.tokens(t, lo, hi) for role, t in role_tensors.items()}
             else:
                 values = {role: reader.rows(t, a, b) for role, t in role_tensors.items()}
-            old, rollout = common_float(
-                to_log_probs(values["old_log_probs"]), to_log_probs(values["rollout_log_probs"])
-            )
+            old, rollout = log_prob_pair(values, offsets, names, path, a, "tensor")
             if "response_mask" in values:
                 mask = mask_to_bool(values["response_mask"], offsets, a, path, names["response_mask"], "tensor")
             else:
@@ -290,7 +297,7 @@ def _steps(
     """Per-row steps from a 1-D integer tensor named `key`, else from `__metadata__[key]`, else None."""
     values = _per_row_integers(reader, tensors, key, num_rows, path, "step")
     if values is not None:
-        return values.astype(np.int64)
+        return int64_values(values, "step", f"{path} tensor {key!r}")
     if key in metadata:
         try:
             step = int(metadata[key].strip())
@@ -299,7 +306,7 @@ def _steps(
                 f"expected an integer in __metadata__[{key!r}] of {path}, got {metadata[key]!r}",
                 hint='write the training step as a decimal integer string, e.g. {"step": "12"}',
             ) from None
-        return np.full(num_rows, step, dtype=np.int64)
+        return np.full(num_rows, int64_scalar(step, "step", f"__metadata__[{key!r}] of {path}"), dtype=np.int64)
     return None
 
 
@@ -309,7 +316,7 @@ def _group(
     """Per-row group labels from a 1-D integer tensor named `key`, else one label from `__metadata__[key]`."""
     values = _per_row_integers(reader, tensors, key, num_rows, path, "label")
     if values is not None:
-        return group_labels(values)
+        return group_labels(values, f"{path} tensor {key!r}")
     if key in metadata:
         labels = np.empty(num_rows, dtype=object)
         labels[:] = metadata[key]

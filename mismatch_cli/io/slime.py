@@ -19,7 +19,16 @@ import numpy as np
 
 from ..batch import Batch
 from ..errors import InputError
-from ._common import check_file, common_float, group_labels, mask_to_bool, missing_group, reason, to_log_probs
+from ._common import (
+    check_file,
+    group_labels,
+    int64_scalar,
+    int64_values,
+    log_prob_pair,
+    mask_to_bool,
+    missing_group,
+    reason,
+)
 from .aliases import resolve_roles
 from .detect import slime_kind
 from .options import ReadOptions
@@ -184,6 +193,15 @@ def _to_batch(
                 f"expected {role} in key {name!r}, got none in {path} {_row_name(rows, missing[0], first_row)}",
                 hint="dump with rollout log-probs recorded (slime keeps them when the engine returns log-probs)",
             )
+        # Per sample, before concatenating: one integer sample among float ones would be upcast silently.
+        integers = [j for j, v in enumerate(values) if v.dtype.kind != "f"]
+        if integers:
+            j = integers[0]
+            raise InputError(
+                f"expected float log-probs for {role} in key {name!r}, got {values[j].dtype} (token ids?) in {path} "
+                f"{_row_name(rows, j, first_row)}",
+                hint=f"point --column {role}=KEY at the key holding the log-probs",
+            )
         parts[role] = values  # type: ignore[assignment]
     lengths = np.array([len(v) for v in parts["old_log_probs"]], dtype=np.int64)
     checks = {names[r]: np.array([len(v) for v in parts[r]], dtype=np.int64) for r in parts if r != "old_log_probs"}
@@ -206,23 +224,24 @@ def _to_batch(
                 hint="every role must hold one value per response token of the same sample",
             )
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    old, rollout = common_float(
-        to_log_probs(np.concatenate(parts["old_log_probs"])), to_log_probs(np.concatenate(parts["rollout_log_probs"]))
-    )
+    flat = {role: np.concatenate(parts[role]) for role in ("old_log_probs", "rollout_log_probs")}
+    old, rollout = log_prob_pair(flat, offsets, names, path, first_row, "key")
     if "response_mask" in parts:
         mask = mask_to_bool(np.concatenate(parts["response_mask"]), offsets, first_row, path, names["response_mask"],
                             "key")
     else:
         mask = np.ones(len(old), dtype=np.bool_)
     count = len(rows)
-    steps = np.full(count, int(step), dtype=np.int64) if isinstance(step, int) else None
+    steps = None
+    if isinstance(step, int):
+        steps = np.full(count, int64_scalar(step, "step (rollout_id)", path), dtype=np.int64)
     ids = np.array([_scalar(row.get(id_key)) for row in rows]) if id_key else None
     groups = {}
     for column in group_columns:
         labels = np.empty(count, dtype=object)
         labels[:] = [_scalar(row.get(column, meta.get(column))) for row in rows]
         if all(isinstance(v, int) and not isinstance(v, bool) for v in labels):
-            labels = labels.astype(np.int64)
+            labels = int64_values(labels, "group label", f"{path} key {column!r}", first_row)
         groups[column] = group_labels(labels)
     return Batch(
         old_log_probs=old,

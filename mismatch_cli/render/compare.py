@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from mismatch_cli.compare import MARKS, Comparison, MetricRow
-from mismatch_cli.render.sections import format_value
+from mismatch_cli.render.sections import SHOWN_ROUNDS, format_value, shown_rounds
 from mismatch_cli.report import Report, strict_json
 from mismatch_cli.thresholds import CheckResult
 
@@ -57,9 +57,9 @@ def metric_cells(row: MetricRow) -> list[str]:
 
 
 def round_cells(comparison: Comparison) -> list[list[str]]:
-    """One row of cells per round index."""
+    """One row of cells per round index (the first SHOWN_ROUNDS; a last row counts the rest)."""
     rows = []
-    for r in comparison.rounds:
+    for r in shown_rounds(comparison.rounds):
         b, c = r.base or {}, r.candidate or {}
         bv, cv = b.get("abs_diff_mean"), c.get("abs_diff_mean")
         change = None if bv is None or cv is None else cv - bv
@@ -71,6 +71,9 @@ def round_cells(comparison: Comparison) -> list[list[str]]:
             _signed(change), _percent(rel),
             format_value(b.get("kl"), 4) if r.base else "-", format_value(c.get("kl"), 4) if r.candidate else "-",
         ])
+    more = len(comparison.rounds) - SHOWN_ROUNDS
+    if more > 0:
+        rows.append(["", f"+{more} more (JSON)", *[""] * (len(ROUND_COLUMNS) - 2)])
     return rows
 
 
@@ -288,18 +291,19 @@ def write_compare_plots(comparison: Comparison, base: Report, candidate: Report,
         written.append(path)
 
     if comparison.rounds:
-        fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * len(comparison.rounds) + 2), 3.5))
+        rounds = shown_rounds(comparison.rounds)
+        fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * len(rounds) + 2), 3.5))
         width = 0.4
         for offset, side, label, color in ((-width / 2, "base", labels[0], colors[0]),
                                            (width / 2, "candidate", labels[1], colors[1])):
             xs, ys = [], []
-            for r in comparison.rounds:
+            for r in rounds:
                 entry = getattr(r, side)
                 if entry is not None and entry.get("abs_diff_mean") is not None:
                     xs.append(r.round + offset)
                     ys.append(entry["abs_diff_mean"])
             ax.bar(xs, ys, width=width, label=label, color=color)
-        ax.set_xticks([r.round for r in comparison.rounds], [f"r{r.round}" for r in comparison.rounds])
+        ax.set_xticks([r.round for r in rounds], [f"r{r.round}" for r in rounds])
         ax.set_ylabel("mean |delta|")
         ax.set_title("Per-round divergence, both runs")
         ax.legend(fontsize=8)

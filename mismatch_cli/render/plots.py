@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from mismatch_cli.errors import UsageError
+from mismatch_cli.render.sections import SHOWN_ROUNDS, shown_rounds
 from mismatch_cli.report import Report
 
 CATASTROPHIC = 1e4  # a token ratio outside [1e-4, 1e4]
@@ -297,8 +298,9 @@ def rounds_plot(report: Report) -> bytes | None:
                        "Rounds counted from the end (last-0 = last)"))
     fig, axes = _figure(len(panels), height=3.4 * len(panels))
     for ax, (entries, label, prefix, title) in zip(axes, panels, strict=True):
-        _round_panel(ax, entries, label, prefix)
-        ax.set_title(title, fontsize=11)
+        _round_panel(ax, shown_rounds(entries), label, prefix)
+        more = f" (first {SHOWN_ROUNDS} of {len(entries)})" if len(entries) > SHOWN_ROUNDS else ""
+        ax.set_title(title + more, fontsize=11)
     axes[-1].set_xlabel("round")
     fig.suptitle("Divergence per multi-turn round", fontsize=12)
     return _png(fig)

@@ -166,6 +166,7 @@ def group_sections(report: Report) -> list[Section]:
     return sections
 
 
+SHOWN_ROUNDS = 24  # rounds per table or plot: an agent log can hold thousands (a 0/1-alternating mask)
 ROUND_METRICS = (
     ("rows reaching", "rows"),
     ("tokens", "tokens"),
@@ -182,17 +183,28 @@ ROUND_METRICS = (
 )
 
 
-def _round_table(title: str, label: str, prefix: str, entries: list[dict]) -> Section | None:
+def shown_rounds(entries: list[dict]) -> list[dict]:
+    """The rounds a human-facing rendering shows: the first SHOWN_ROUNDS (report.json keeps every one)."""
+    return entries[:SHOWN_ROUNDS]
+
+
+def _round_table(title: str, label: str, prefix: str, all_entries: list[dict]) -> Section | None:
     # One column per round (metrics as rows) keeps the table readable in 80 columns.
-    if len(entries) < 2:
+    if len(all_entries) < 2:
         return None  # a single-turn dump: the round table repeats the overall numbers
+    means = [e.get("abs_diff_mean") for e in all_entries]
+    worst = max((i for i, v in enumerate(means) if v is not None), key=lambda i: means[i], default=None)
+    entries = shown_rounds(all_entries)
+    if worst is not None and worst >= len(entries):
+        entries = [*entries, all_entries[worst]]
     present = [(h, k) for h, k in ROUND_METRICS if any(k in e for e in entries)]
     rows = [[h, *[format_value(e.get(k), digits=4) for e in entries]] for h, k in present]
-    means = [e.get("abs_diff_mean") for e in entries]
-    worst = max((i for i, v in enumerate(means) if v is not None), key=lambda i: means[i], default=None)
-    columns = [label, *[f"{prefix}{e[label]}" + (" *" if i == worst else "") for i, e in enumerate(entries)]]
-    note = None if worst is None else f"* worst round by mean |d| ({prefix}{entries[worst][label]})"
-    return Section(title, columns, rows, note=note, split_columns=True)
+    worst_entry = None if worst is None else all_entries[worst]
+    columns = [label, *[f"{prefix}{e[label]}" + (" *" if e is worst_entry else "") for e in entries]]
+    notes = [] if worst_entry is None else [f"* worst round by mean |d| ({prefix}{worst_entry[label]})"]
+    if len(all_entries) > SHOWN_ROUNDS:
+        notes.append(f"{len(all_entries) - SHOWN_ROUNDS} more rounds in report.json (--format json)")
+    return Section(title, columns, rows, note="; ".join(notes) or None, split_columns=True)
 
 
 def rounds_section(report: Report) -> Section | None:
@@ -210,10 +222,11 @@ def rounds_by_step_section(report: Report) -> Section | None:
     """Mean |delta| per step and round."""
     if not report.steps or max((len(s.get("rounds", [])) for s in report.steps), default=0) < 2:
         return None
-    count = max(len(s["rounds"]) for s in report.steps)
+    count = min(max(len(s["rounds"]) for s in report.steps), SHOWN_ROUNDS)
     rows = []
     for step in report.steps:
-        means = [r["abs_diff_mean"] for r in step["rounds"]] + [None] * (count - len(step["rounds"]))
+        rounds = shown_rounds(step["rounds"])
+        means = [r["abs_diff_mean"] for r in rounds] + [None] * (count - len(rounds))
         rows.append([str(step["step"]), *[format_value(v, digits=3) if v is not None else "" for v in means]])
     return Section("Mean |d| by step and round", ["step", *[f"r{k}" for k in range(count)]], rows)
 

@@ -37,3 +37,27 @@ def test_groups_and_merge_are_order_free() -> None:
         for got, want in zip(whole.quantiles([0.5, 0.99], g), exact, strict=True):
             assert abs(got - want) <= 0.01 * want
     assert whole.quantiles([0.5], 9) == [None]
+
+
+def test_grouped_sketch_equals_dense_counts_however_split(monkeypatch) -> None:
+    import mismatch_cli.engine.sketch as sketch_module
+    from mismatch_cli.engine.sketch import GroupedSketch
+
+    monkeypatch.setattr(sketch_module, "COMPACT_MIN", 4)  # compact after almost every add
+    rng = np.random.default_rng(2)
+    values = torch.from_numpy(rng.lognormal(-4, 2, size=30_000))
+    values[:50] = 0.0
+    groups = torch.from_numpy(rng.integers(0, 60, size=30_000).astype(np.int32))  # most beyond the dense rows
+    dense = LogSketch(torch.device("cpu"))
+    dense.update(values, groups)
+    parts = [GroupedSketch(torch.device("cpu")) for _ in range(3)]
+    for i, part in enumerate(parts):
+        mine_values, mine_groups = values[i::3], groups[i::3]
+        for j in range(0, mine_values.numel(), 700):  # several adds per part, then merges
+            part.add_buckets(LogSketch.buckets(mine_values[j:j + 700]), mine_groups[j:j + 700], 60)
+    parts[1].merge(parts[0])
+    parts[1].merge(parts[2])
+    for q in (0.0, 0.5, 0.99, 1.0):
+        got = parts[1].quantile(q, 62)
+        assert got[:60] == [dense.quantiles([q], g)[0] for g in range(60)], q
+        assert got[60:] == [None, None]
