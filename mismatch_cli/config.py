@@ -223,7 +223,8 @@ def parse_rs_thresholds(options: list[str], spec: Any, check_order: bool = True)
         raise ConfigError(
             "rollout_rs_threshold expects either one threshold shared by all options or exactly "
             f"{len(options)} thresholds to match the provided rollout_rs options.",
-            hint=f"give 1 or {len(options)} comma-separated thresholds for --rs {','.join(options)}",
+            hint=f"give one threshold, or one per option ({len(options)}) separated by commas, for "
+            f"--rs {','.join(options)}",
         )
     if len(specs) == 1:
         specs = specs * len(options)

@@ -14,8 +14,8 @@ from typing import Any
 from mismatch_cli.errors import UsageError
 
 # A plain decimal or scientific literal: 2, -0.5, .5, 5., 1e-4, 2.5E+3 (no '_', no nan / inf, no hex).
-NUMBER_LITERAL = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
-INTEGER_LITERAL = re.compile(r"[+-]?\d+")
+NUMBER_LITERAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+INTEGER_LITERAL = re.compile(r"[+-]?[0-9]+")
 NUMBER_HINT = "write a plain number such as 2, 0.5 or 1e-4 (no '_' digit separators, nan or inf)"
 THRESHOLD_HINT = (
     "write a number (2.0), a band L_U with one '_' between two numbers (0.5_5.0), or several of them "
