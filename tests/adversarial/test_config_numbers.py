@@ -200,3 +200,10 @@ def test_compare_of_reports_still_refuses_a_bad_threshold(tmp_path):
 
 def test_fail_on_limit_is_strict(tmp_path):
     assert_clean_failure(mismatch("check", DUMP, "--fail-on", "rollout_corr/kl<=1e999"), 2, "1e999")
+
+
+def test_a_tis_bound_below_float32_is_named_as_tis(tmp_path):
+    # 1e-320 is a valid float64 but 0 in float32: every weight is truncated to 0 (verl divides by zero there).
+    line = assert_clean_failure(mismatch("analyze", DUMP, "--is", "token", "--is-threshold", "1e-320", "--bootstrap",
+                                         "0"), 2, "TIS bound")
+    assert "None" not in line and "IcePop" not in line
