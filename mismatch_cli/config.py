@@ -264,7 +264,8 @@ def resolve(config: CorrectionConfig) -> ResolvedCorrection:
     """Validate a configuration the way verl does at compute time and return what the engine needs."""
     from mismatch_cli.tomlconfig import check_fields
 
-    check_fields({**config.to_dict(), **config.family_fields}, "CorrectionConfig:")
+    own = {name: getattr(config, name) for name in CONFIG_FIELDS}
+    check_fields(own if config.semantics == "verl" else config.family_fields, "CorrectionConfig:")
     if config.semantics != "verl":
         from mismatch_cli.legacy import resolve_family
 
