@@ -178,14 +178,17 @@ def _root(
     """Measure trainer vs inference log-prob mismatch in rollout dumps."""
 
 
-def _threshold_value(text: str | None) -> str | float | None:
+def _threshold_value(text: str | None, flag: str) -> str | float | None:
     # verl accepts a number or a string; keep numbers numeric so the report shows what verl would see.
-    if text is None:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        return text
+    from mismatch_cli.numbers import threshold_value
+
+    return threshold_value(text, flag, allow_none=False)
+
+
+def _whole(text: str, flag: str) -> int:
+    from mismatch_cli.numbers import parse_integer
+
+    return parse_integer(text, flag, -(2**63), 2**63 - 1, hint=f"give {flag} a whole number, e.g. {flag} 4")
 
 
 def _parse_columns(pairs: list[str]) -> dict[str, str]:
@@ -199,6 +202,9 @@ def _parse_columns(pairs: list[str]) -> dict[str, str]:
             raise UsageError(f"--column expects ROLE=NAME, got '{pair}'", hint="e.g. --column response_mask=loss_mask")
         if role not in ROLES:
             raise UsageError(f"--column: unknown role '{role}'", hint=f"roles are {', '.join(ROLES)}")
+        if role in columns and columns[role] != name.strip():
+            raise UsageError(f"--column {role} given twice ({columns[role]} and {name.strip()})",
+                             hint=f"keep one --column {role}=NAME")
         columns[role] = name.strip()
     return columns
 
@@ -314,7 +320,7 @@ def _correction(
         fields = {**table, **family_fields_from_flags(family, flags)}
         if is_level is IsLevel.none:
             fields["rollout_is"] = None
-        return CorrectionConfig(semantics=family, family_fields=fields)
+        return _validated(CorrectionConfig(semantics=family, family_fields=fields))
     family_fields_from_flags(family, {k: v for k, v in flags.items() if v is not None and k not in (
         "--preset", "--is-threshold", "--is-batch-normalize", "--rs", "--rs-threshold", "--k1-bounds", "--is")})
     from mismatch_cli.legacy import FIELD_HOME, FIELDS
@@ -329,16 +335,24 @@ def _correction(
     if is_level is not None:
         overrides["rollout_is"] = None if is_level is IsLevel.none else is_level.value
     if is_threshold is not None:
-        overrides["rollout_is_threshold"] = _threshold_value(is_threshold)
+        overrides["rollout_is_threshold"] = _threshold_value(is_threshold, "--is-threshold")
     if is_batch_normalize is not None:
         overrides["rollout_is_batch_normalize"] = is_batch_normalize
     if rs is not None:
         overrides["rollout_rs"] = None if rs.strip().lower() == "none" else rs
     if rs_threshold is not None:
-        overrides["rollout_rs_threshold"] = _threshold_value(rs_threshold)
+        overrides["rollout_rs_threshold"] = _threshold_value(rs_threshold, "--rs-threshold")
     if k1_bounds is not None:
         overrides["k1_bounds"] = k1_bounds.value
-    return build_config(overrides, preset=preset, semantics=family)
+    return _validated(build_config(overrides, preset=preset, semantics=family))
+
+
+def _validated(config: Any) -> Any:
+    """The configuration, once verl's rules accept it: errors come before any input is read, reports included."""
+    from mismatch_cli.config import resolve
+
+    resolve(config)
+    return config
 
 
 @app.command()
@@ -388,13 +402,15 @@ def analyze(
                                                   "Ray cluster (pip install 'mismatch-cli[ray]').")] = None,
     ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join (default: "
                                                     "RAY_ADDRESS, else a local one).")] = None,
-    bootstrap: Annotated[int, typer.Option("--bootstrap", min=0, help="Poisson-bootstrap replicates for the "
-                                           "report's 95% intervals (0 = off, a little faster).")] = 200,
+    bootstrap: Annotated[str, typer.Option("--bootstrap", metavar="K", help="Poisson-bootstrap replicates for the "
+                                           "report's 95% intervals (0..10000; 0 = off, a little faster).")] = "200",
 ) -> None:
     """Analyze rollout dumps: verl's rollout-correction metrics, health summary, report.json."""
     from mismatch_cli.api import analyze as run_analysis
+    from mismatch_cli.api import check_bootstrap
     from mismatch_cli.io import ReadOptions
 
+    replicates = check_bootstrap(bootstrap)
     family_flags = {"--is-level": is_level_legacy, "--is-mode": is_mode, "--is-threshold-lower": is_threshold_lower,
                     "--is-mask-threshold": is_mask_threshold, "--rs-threshold-lower": rs_threshold_lower,
                     "--veto-threshold": veto_threshold, "--mask-dtype": mask_dtype.value if mask_dtype else None}
@@ -418,7 +434,7 @@ def analyze(
             on_batch=on_batch,
             engine=(engine or Engine.local).value,
             ray_address=ray_address,
-            bootstrap=bootstrap,
+            bootstrap=replicates,
         )
     rendered = _render(report, output_format, quiet)
     figures: dict[str, bytes] = {}
@@ -557,19 +573,25 @@ def metrics_command(
 @_guard
 def synth(
     output: Annotated[Path, typer.Argument(help="File to write (.parquet or .safetensors).")],
-    tokens: Annotated[int, typer.Option("--tokens", min=1, help="Approximate number of response tokens.")] = 100_000,
-    turns: Annotated[int, typer.Option("--turns", min=1, help="Rounds per trajectory (multi-turn when > 1).")] = 1,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    tokens: Annotated[str, typer.Option("--tokens", metavar="N", help="Approximate number of response tokens.")] = (
+        "100000"
+    ),
+    turns: Annotated[str, typer.Option("--turns", metavar="N", help="Rounds per trajectory (multi-turn when > 1).")] = (
+        "1"
+    ),
+    seed: Annotated[str, typer.Option("--seed", metavar="N", help="Random seed (>= 0).")] = "0",
     file_format: Annotated[SynthFormat | None, typer.Option("--format", help="Default: from the suffix.")] = None,
     layout: Annotated[SynthLayout, typer.Option("--layout", help="safetensors layout.")] = SynthLayout.padded,
     empty_rows: Annotated[
-        float, typer.Option("--empty-rows", min=0.0, max=1.0, help="Fraction of all-zero masks.")
-    ] = 0.0,
-    steps: Annotated[int, typer.Option("--steps", min=1, help="Spread rows over this many steps.")] = 1,
-    noise: Annotated[float, typer.Option("--noise", min=0.0, help="Scale of the trainer/inference mismatch.")] = 1.0,
+        str, typer.Option("--empty-rows", metavar="F", help="Fraction of all-zero masks, in [0, 1).")
+    ] = "0.0",
+    steps: Annotated[str, typer.Option("--steps", metavar="N", help="Spread rows over this many steps.")] = "1",
+    noise: Annotated[str, typer.Option("--noise", metavar="X", help="Scale of the trainer/inference mismatch "
+                                       "(>= 0).")] = "1.0",
     quiet: QuietOpt = False,
 ) -> None:
     """Write a realistic synthetic dump (for trying the tool and for benchmarks)."""
+    from mismatch_cli.numbers import parse_number
     from mismatch_cli.synth import SynthSpec, write_synthetic_dump
 
     if file_format is None:
@@ -579,8 +601,10 @@ def synth(
                 f"cannot tell the format of '{output}'", hint="use a .parquet/.safetensors name or --format"
             )
         file_format = SynthFormat(suffix[1:])
-    spec = SynthSpec(tokens=tokens, turns=turns, seed=seed, format=file_format.value, layout=layout.value,
-                     empty_rows=empty_rows, steps=steps, noise=noise)
+    # Ranges are checked by SynthSpec; here only the strict reading of each number.
+    spec = SynthSpec(tokens=_whole(tokens, "--tokens"), turns=_whole(turns, "--turns"), seed=_whole(seed, "--seed"),
+                     format=file_format.value, layout=layout.value, empty_rows=parse_number(empty_rows, "--empty-rows"),
+                     steps=_whole(steps, "--steps"), noise=parse_number(noise, "--noise"))
     summary = write_synthetic_dump(output, spec)
     if not quiet:
         _stderr().print(
@@ -613,7 +637,8 @@ MissingOpt = Annotated[
     typer.Option("--missing", help="A rule naming a metric the input or baseline lacks: error (default), warn, skip."),
 ]
 BootstrapOpt = Annotated[
-    int, typer.Option("--bootstrap", min=0, help="Poisson-bootstrap replicates for the 95% intervals (0 = off).")
+    str, typer.Option("--bootstrap", metavar="K", help="Poisson-bootstrap replicates for the 95% intervals "
+                      "(0..10000; 0 = off).")
 ]
 LimitsConfigOpt = Annotated[
     Path | None, typer.Option("--config", help="TOML with [check] (fail_on, baseline, missing) and [correction].")
@@ -629,14 +654,16 @@ def _rules(config: Path | None, fail_on: list[str], missing: MissingPolicy | Non
     return table, rules, policy
 
 
-def _analyzer(correction: Any, column: list[str], no_mask: bool, device: str, dtype: Dtype, bootstrap: int,
+def _analyzer(correction: Any, column: list[str], no_mask: bool, device: str, dtype: Dtype, bootstrap: str,
               input_format: InputFormat = InputFormat.auto) -> Any:
     from mismatch_cli.api import analyze as run_analysis
+    from mismatch_cli.api import check_bootstrap
     from mismatch_cli.io import ReadOptions
 
+    replicates = check_bootstrap(bootstrap)
     read_options = ReadOptions(columns=_parse_columns(column), no_mask=no_mask, input_format=input_format.value)
     return functools.partial(run_analysis, correction=correction, read_options=read_options, device=device,
-                             dtype=dtype.value, bootstrap=bootstrap)
+                             dtype=dtype.value, bootstrap=replicates)
 
 
 def _console_text(draw: Callable[[Console], None]) -> str:
@@ -672,7 +699,7 @@ def compare(
         str | None, typer.Option("-o", "--output", help="Write the comparison to FILE ('-' = stdout).")
     ] = None,
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip the overlaid plots in --out-dir.")] = False,
-    bootstrap: BootstrapOpt = 200,
+    bootstrap: BootstrapOpt = "200",
     input_format: InputFormatOpt = InputFormat.auto,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = Dtype.float32,
@@ -763,7 +790,7 @@ def check(
     k1_bounds: K1Opt = None,
     column: ColumnOpt = [],  # noqa: B006
     no_mask: NoMaskOpt = False,
-    bootstrap: BootstrapOpt = 200,
+    bootstrap: BootstrapOpt = "200",
     input_format: InputFormatOpt = InputFormat.auto,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = Dtype.float32,

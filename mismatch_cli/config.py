@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mismatch_cli.errors import ConfigError
+from mismatch_cli.numbers import THRESHOLD_HINT, parse_band, parse_number, split_specs
 
 SAFETY_BOUND = 20.0
 
@@ -162,51 +163,44 @@ class ResolvedCorrection:
         )
 
 
-def _number(text: str) -> float:
-    return float(text)
+IS_THRESHOLD_HINT = "give a number such as 2.0 (TIS) or a band L_U such as 0.5_5.0 (IcePop)"
 
 
 def parse_is_threshold(spec: Any) -> IsThreshold:
-    """Parse `rollout_is_threshold` exactly as verl does (a number = TIS, `L_U` = IcePop)."""
+    """Parse `rollout_is_threshold` as verl does (a number = TIS, `L_U` = IcePop), with strict numbers."""
     if isinstance(spec, bool):
         raise ConfigError(
             "rollout_is_threshold must be specified as a float or a string threshold specification, "
             "not a boolean.",
-            hint="give a number such as 2.0 (TIS) or a band such as 0.5_5.0 (IcePop)",
+            hint=IS_THRESHOLD_HINT,
         )
     lower: float | None
     if isinstance(spec, (int, float)):
-        upper, lower = float(spec), None
+        upper, lower = parse_number(spec, "rollout_is_threshold", IS_THRESHOLD_HINT), None
     elif isinstance(spec, str):
-        text = spec.strip()
-        if not text:
-            raise ConfigError("rollout_is_threshold must not be an empty string.", hint="give e.g. 2.0")
-        try:
-            if "_" in text:
-                lower_text, upper_text = text.split("_", 1)
-                lower, upper = _number(lower_text), _number(upper_text)
-            else:
-                upper, lower = _number(text), None
-        except ValueError:
-            raise ConfigError(
-                f"Invalid rollout_is_threshold '{spec}'.", hint="use a number (2.0) or L_U (0.5_5.0)"
-            ) from None
+        if not spec.strip():
+            raise ConfigError("rollout_is_threshold must not be an empty string.", hint=IS_THRESHOLD_HINT)
+        lower, upper = parse_band(spec, "rollout_is_threshold")
     else:
-        raise ConfigError("rollout_is_threshold must be a float or a string threshold specification.")
+        raise ConfigError("rollout_is_threshold must be a float or a string threshold specification, "
+                          f"got {type(spec).__name__} {spec!r}.", hint=IS_THRESHOLD_HINT)
     if not upper > 0:
-        raise ConfigError(f"rollout_is_threshold upper bound must be positive, got {upper}.")
+        raise ConfigError(f"rollout_is_threshold upper bound must be positive, got {upper}.", hint=IS_THRESHOLD_HINT)
     if lower is not None:
         if not lower > 0:
-            raise ConfigError(f"rollout_is_threshold lower bound must be positive, got {lower}.")
+            raise ConfigError(f"rollout_is_threshold lower bound must be positive, got {lower}.",
+                              hint=IS_THRESHOLD_HINT)
         if lower > upper:
-            raise ConfigError("rollout_is_threshold lower bound must be <= upper bound.")
+            raise ConfigError(f"rollout_is_threshold lower bound must be <= upper bound, got {spec!r}.",
+                              hint="write the band as L_U, lower first, e.g. 0.5_5.0")
     return IsThreshold(upper=upper, lower=lower)
 
 
 def parse_rs_options(rollout_rs: Any) -> list[str]:
     """Split, strip, de-duplicate and validate the comma-chained `rollout_rs` options."""
     if not isinstance(rollout_rs, str):
-        raise ConfigError("rollout_rs must be a non-empty string (comma separated for multiple options).")
+        raise ConfigError("rollout_rs must be a non-empty string (comma separated for multiple options).",
+                          hint="e.g. --rs seq_mean_k1 or rollout_rs = \"seq_mean_k1,token_k2\"")
     options = [part.strip() for part in rollout_rs.split(",") if part.strip()]
     if not options:
         raise ConfigError("rollout_rs must contain at least one valid option.", hint="e.g. --rs seq_mean_k1")
@@ -231,6 +225,9 @@ def _legacy_hint(option: str) -> str:
     return "see `mismatch presets` for valid configurations"
 
 
+RS_THRESHOLD_HINT = "e.g. --rs-threshold 0.999_1.001 for a k1 option, 0.01 for k2 / k3, one per option with commas"
+
+
 def parse_rs_thresholds(options: list[str], spec: Any, check_order: bool = True) -> tuple[RsOption, ...]:
     """Parse `rollout_rs_threshold` (one spec shared by all options, or one per option)."""
     if spec is None:
@@ -240,38 +237,40 @@ def parse_rs_thresholds(options: list[str], spec: Any, check_order: bool = True)
             hint="add --rs-threshold, e.g. 0.999_1.001 for seq_mean_k1",
         )
     if isinstance(spec, bool):
-        raise ConfigError("rollout_rs_threshold must be a string or numeric value, not a boolean.")
+        raise ConfigError("rollout_rs_threshold must be a string or numeric value, not a boolean.",
+                          hint=RS_THRESHOLD_HINT)
     if isinstance(spec, (int, float)):
-        specs = [str(spec)]
+        specs = [repr(parse_number(spec, "rollout_rs_threshold", THRESHOLD_HINT))]
     elif isinstance(spec, str):
-        specs = [part.strip() for part in spec.split(",") if part.strip()]
+        specs = split_specs(spec)
     else:
         raise ConfigError(
-            "rollout_rs_threshold must be a string or numeric value specifying per-option thresholds."
+            "rollout_rs_threshold must be a string or numeric value specifying per-option thresholds.",
+            hint=RS_THRESHOLD_HINT,
         )
     if not specs:
-        raise ConfigError("rollout_rs_threshold must contain at least one threshold value.")
+        raise ConfigError("rollout_rs_threshold must contain at least one threshold value.", hint=RS_THRESHOLD_HINT)
     if len(specs) not in (1, len(options)):
         raise ConfigError(
             "rollout_rs_threshold expects either one threshold shared by all options or exactly "
-            f"{len(options)} thresholds to match the provided rollout_rs options."
+            f"{len(options)} thresholds to match the provided rollout_rs options.",
+            hint=f"give one threshold, or one per option ({len(options)}) separated by commas, for "
+            f"--rs {','.join(options)}",
         )
     if len(specs) == 1:
         specs = specs * len(options)
     parsed: list[RsOption] = []
     for option, text in zip(options, specs, strict=True):
+        lower, upper = parse_band(text, f"rollout_rs_threshold of {option}")
         if option.endswith("k1"):
-            try:
-                if "_" in text:
-                    lower_text, upper_text = text.split("_", 1)
-                    lower, upper = _number(lower_text), _number(upper_text)
-                else:
-                    upper = _number(text)
-                    lower = 1.0 / upper
-            except (ValueError, ZeroDivisionError):
-                raise ConfigError(f"Invalid numeric threshold '{text}' for option '{option}'.") from None
+            if lower is None:
+                if upper == 0:
+                    raise ConfigError(f"Thresholds for option '{option}' must be positive, got {text}.",
+                                      hint=RS_THRESHOLD_HINT)
+                lower = 1.0 / upper
             if not (lower > 0 and upper > 0):
-                raise ConfigError(f"Thresholds for option '{option}' must be positive, got {text}.")
+                raise ConfigError(f"Thresholds for option '{option}' must be positive, got {text}.",
+                                  hint=RS_THRESHOLD_HINT)
             if check_order and lower > upper:  # verl 0.7.1 does not check (and rejects everything)
                 raise ConfigError(
                     f"Thresholds for option '{option}' must be lower <= upper, got {text}.",
@@ -279,31 +278,35 @@ def parse_rs_thresholds(options: list[str], spec: Any, check_order: bool = True)
                 )
             parsed.append(RsOption(option, upper=upper, lower=lower))
         else:
-            if "_" in text:
+            if lower is not None:
                 raise ConfigError(
                     f"rollout_rs_threshold for option '{option}' must provide a single upper bound "
-                    f"without '_'. Received '{text}'."
+                    f"without '_'. Received '{text}'.",
+                    hint=f"{option} takes one positive number, e.g. 0.01",
                 )
-            try:
-                upper = _number(text)
-            except ValueError:
-                raise ConfigError(f"Invalid numeric threshold '{text}' for option '{option}'.") from None
             if not upper > 0:
-                raise ConfigError(f"Threshold for option '{option}' must be positive, got {text}.")
+                raise ConfigError(f"Threshold for option '{option}' must be positive, got {text}.",
+                                  hint=f"{option} takes one positive number, e.g. 0.01")
             parsed.append(RsOption(option, upper=upper))
     return tuple(parsed)
 
 
 def resolve(config: CorrectionConfig) -> ResolvedCorrection:
     """Validate a configuration the way verl does at compute time and return what the engine needs."""
+    from mismatch_cli.tomlconfig import check_fields
+
+    own = {name: getattr(config, name) for name in CONFIG_FIELDS}
+    check_fields(own if config.semantics in VERL_FAMILIES else config.family_fields, "CorrectionConfig:")
     if config.semantics not in VERL_FAMILIES:
         from mismatch_cli.legacy import resolve_family
 
         return resolve_family(config.semantics, config.family_fields)[0]
     if config.k1_bounds not in ("verl", "ratio"):
-        raise ConfigError(f"k1 bounds must be 'verl' or 'ratio', got {config.k1_bounds!r}.")
+        raise ConfigError(f"k1 bounds must be 'verl' or 'ratio', got {config.k1_bounds!r}.",
+                          hint="use --k1-bounds verl (as verl) or ratio (L <= ratio <= U)")
     if config.loss_type not in ("ppo_clip", "reinforce"):
-        raise ConfigError(f"loss_type must be 'ppo_clip' or 'reinforce', got {config.loss_type!r}.")
+        raise ConfigError(f"loss_type must be 'ppo_clip' or 'reinforce', got {config.loss_type!r}.",
+                          hint='write loss_type = "ppo_clip" or "reinforce"')
     is_level: str | None = None
     is_threshold: IsThreshold | None = None
     # verl skips IS silently when the threshold is None even if rollout_is is set.

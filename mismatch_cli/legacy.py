@@ -21,6 +21,7 @@ from mismatch_cli.config import (
     resolve,
 )
 from mismatch_cli.errors import ConfigError
+from mismatch_cli.numbers import parse_number, threshold_value
 
 FAMILIES = ("verl", "verl-0.8", "verl-0.7.1", "verl-0.7.0", "verl-0.6.1", "verl-0.6.0", "xtuner", "xtuner-2025-12")
 VERL_OLD = ("verl-0.7.0", "verl-0.6.1")
@@ -108,10 +109,24 @@ def _positive_number(name: str, value: Any, family: str) -> float:
             "instances of 'str' and 'int')",
             hint="IcePop bands like 0.5_5.0 need --semantics verl (0.9)",
         )
-    number = float(value)  # True is accepted as 1.0, as these versions do
+    number = 1.0 if value is True else _number(name, value, family)  # True is 1.0 in these versions
     if not number > 0:
-        raise ConfigError(f"{name} must be positive, got {number}.")
+        raise ConfigError(f"{name} must be positive, got {number}.", hint=f"give {name} a positive number, e.g. 2.0")
     return number
+
+
+def _number(name: str, value: Any, family: str) -> float:
+    """A plain number for one of an older family's numeric fields (strict: no '_', nan or inf)."""
+    hint = f"--semantics {family} takes one plain number for {name} (e.g. 2.0); IcePop bands L_U need --semantics verl"
+    return parse_number(value, name, hint)
+
+
+def _nonzero_upper(name: str, upper: float, family: str) -> float:
+    # Without an explicit lower bound these versions use 1/U: U = 0 is a ZeroDivisionError upstream.
+    if upper == 0:
+        raise ConfigError(f"{name} 0 leaves no lower bound 1/U ({family} divides by it)",
+                          hint=f"give {name} a positive number, or set the lower bound explicitly")
+    return upper
 
 
 def _pair(name: str, value: Any) -> tuple[float, float] | None:
@@ -119,17 +134,15 @@ def _pair(name: str, value: Any) -> tuple[float, float] | None:
     if value is None:
         return None
     if isinstance(value, str):
-        value = [part for part in value.replace("_", ",").split(",") if part.strip()]
+        value = [part for part in value.split(",") if part.strip()]
     if not isinstance(value, (list, tuple)) or len(value) != 2:
         raise ConfigError(
             f"1 validation error for RolloutImportanceSamplingConfig: {name} must be a pair (upper, lower), "
             f"got {value!r}",
             hint=f"give {name} as two numbers in xtuner's (upper, lower) order, e.g. 2.0,0.5",
         )
-    try:
-        return float(value[0]), float(value[1])
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must hold two numbers, got {value!r}") from None
+    hint = f"give {name} as two numbers in xtuner's (upper, lower) order, e.g. 2.0,0.5"
+    return parse_number(value[0], f"{name} upper", hint), parse_number(value[1], f"{name} lower", hint)
 
 
 def _float32_log(value: float) -> float:
@@ -176,7 +189,8 @@ def _verl_071(config: CorrectionConfig) -> ResolvedCorrection:
     blocks: tuple[RatioBlockSpec, ...] = ()
     if config.rollout_is is not None and config.rollout_is_threshold is not None:
         if config.rollout_is not in ("token", "sequence"):
-            raise ConfigError(f"Invalid rollout_is: {config.rollout_is}. Must be one of {{'token', 'sequence'}}.")
+            raise ConfigError(f"Invalid rollout_is: {config.rollout_is}. Must be one of {{'token', 'sequence'}}.",
+                              hint="use --is token, --is sequence or --is none")
         upper = _positive_number("rollout_is_threshold", config.rollout_is_threshold, "verl-0.7.1")
         normalize = "valid" if config.rollout_is_batch_normalize else None
         blocks = (RatioBlockSpec("rollout_is", config.rollout_is, upper, 1.0 / upper, batch_normalize=normalize),)
@@ -247,17 +261,22 @@ def _verl_old(family: str, fields: dict[str, Any]) -> LegacySpec:
         if rs not in ("token", "sequence", "geometric"):
             raise ConfigError(f"Invalid rollout_rs: {rs}. Must be one of {{'sequence', 'geometric', 'token'}}.",
                               hint="token_k1 ... seq_max_k3 are the verl >= 0.7.1 options: use --semantics verl")
-        upper = float(fields["rollout_rs_threshold"])
+        upper = _number("rollout_rs_threshold", fields["rollout_rs_threshold"], family)
         lower_value = fields.get("rollout_rs_threshold_lower")
-        lower = float(lower_value) if lower_value is not None else 1.0 / upper
+        if lower_value is not None:
+            lower = _number("rollout_rs_threshold_lower", lower_value, family)
+        else:
+            lower = 1.0 / _nonzero_upper("rollout_rs_threshold", upper, family)
         blocks.append(RatioBlockSpec("rollout_rs", rs, upper, lower, geometric_fraction_by_rows=True,
                                      keep_band=(lower, upper)))
     veto_value = fields.get("rollout_token_veto_threshold")
     veto = None
     if veto_value is not None:
-        if not float(veto_value) > 0:
-            raise ConfigError(f"rollout_token_veto_threshold must be positive, got {float(veto_value)}.")
-        veto = VetoSpec(lower=float(veto_value))
+        veto_number = _number("rollout_token_veto_threshold", veto_value, family)
+        if not veto_number > 0:
+            raise ConfigError(f"rollout_token_veto_threshold must be positive, got {veto_number}.",
+                              hint="give a small positive ratio such as 1e-4, or none to switch the veto off")
+        veto = VetoSpec(lower=veto_number)
     return LegacySpec(family, "rollout_corr/", tuple(blocks), veto, veto_keys=True, offpolicy="verl")
 
 
@@ -269,17 +288,22 @@ def _verl_060(fields: dict[str, Any]) -> LegacySpec:
     level = fields.get("rollout_is_level", "token")
     mode = fields.get("rollout_is_mode", "truncate")
     if level not in ("token", "sequence", "geometric"):
-        raise ConfigError(f"Invalid rollout_is_level: {level}. Must be 'token', 'sequence', or 'geometric'.")
+        raise ConfigError(f"Invalid rollout_is_level: {level}. Must be 'token', 'sequence', or 'geometric'.",
+                          hint="use --is-level token, sequence or geometric")
     if mode not in ("truncate", "mask"):
         raise ConfigError(f"Invalid rollout_is_mode: {mode}. Must be 'truncate' or 'mask'.",
                           hint="'both' is xtuner's: use --semantics xtuner")
-    upper = float(threshold)
+    upper = _number("rollout_is_threshold", threshold, "verl-0.6.0")
     lower_value = fields.get("rollout_is_threshold_lower")
-    lower = float(lower_value) if lower_value is not None else 1.0 / upper
+    if lower_value is not None:
+        lower = _number("rollout_is_threshold_lower", lower_value, "verl-0.6.0")
+    else:
+        lower = 1.0 / _nonzero_upper("rollout_is_threshold", upper, "verl-0.6.0")
     veto_value = fields.get("rollout_is_veto_threshold", 1e-4)
     block = RatioBlockSpec("rollout_is", level, upper, lower,
                            keep_band=(lower, upper) if mode == "mask" else None, percentiles=True)
-    veto = VetoSpec(lower=float(veto_value)) if veto_value is not None else None
+    veto = VetoSpec(lower=_number("rollout_is_veto_threshold", veto_value, "verl-0.6.0")) if veto_value is not None \
+        else None
     return LegacySpec("verl-0.6.0", "mismatch/", (block,), veto, veto_keys=True, offpolicy="mismatch")
 
 
@@ -293,9 +317,11 @@ def _xtuner(family: str, fields: dict[str, Any]) -> LegacySpec:
     level = fields.get("rollout_is_level", "token")
     mode = fields.get("rollout_is_mode", "truncate")
     if level not in ("token", "sequence", "geometric"):
-        raise ConfigError(f"Invalid rollout_is_level: {level}. Must be 'token', 'sequence', or 'geometric'.")
+        raise ConfigError(f"Invalid rollout_is_level: {level}. Must be 'token', 'sequence', or 'geometric'.",
+                          hint="use --is-level token, sequence or geometric")
     if mode not in ("truncate", "mask", "both"):
-        raise ConfigError(f"Invalid rollout_is_mode: {mode}. Must be 'truncate', 'mask', or 'both'.")
+        raise ConfigError(f"Invalid rollout_is_mode: {mode}. Must be 'truncate', 'mask', or 'both'.",
+                          hint="use --is-mode truncate, mask or both")
     upper, lower = threshold
     if not upper > lower:
         raise ConfigError(
@@ -402,17 +428,6 @@ FLAG_FIELDS["verl-0.8"] = {flag: field for flag, field in FLAG_FIELDS["verl-0.7.
 VERL_FLAGS = ("--is", "--is-threshold", "--is-batch-normalize", "--rs", "--rs-threshold", "--k1-bounds", "--preset")
 
 
-def _number_or_text(text: Any) -> Any:
-    if not isinstance(text, str):
-        return text
-    if text.strip().lower() == "none":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
 def family_fields_from_flags(family: str, flags: dict[str, Any]) -> dict[str, Any]:
     """Map the CLI flags a user gave to the family's upstream fields, refusing flags of other families."""
     table = FLAG_FIELDS.get(family, {flag: flag for flag in VERL_FLAGS})
@@ -431,7 +446,10 @@ def family_fields_from_flags(family: str, flags: dict[str, Any]) -> dict[str, An
             fields[name] = _pair(name, value)
         elif flag in ("--is-threshold", "--rs-threshold", "--veto-threshold", "--is-threshold-lower",
                       "--rs-threshold-lower"):
-            fields[name] = _number_or_text(value)
+            if family in (*VERL_OLD, "verl-0.6.0") and value.strip().lower() not in ("none", "null"):
+                fields[name] = _number(flag, value, family)  # these versions take one number per field
+            else:
+                fields[name] = threshold_value(value, flag)
         else:
             fields[name] = value
     return fields

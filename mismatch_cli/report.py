@@ -86,29 +86,188 @@ class Report:
         return json.dumps(strict_json(self.to_dict()), indent=2, allow_nan=False) + "\n"
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "report") -> Report:
-        """Rebuild a report from its JSON mapping, refusing other schema versions."""
-        version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise InputError(
-                f"{source}: unsupported report schema_version {version!r} (this tool reads {SCHEMA_VERSION})",
-                hint="re-run `mismatch analyze` with this version to regenerate the report",
-            )
-        try:
-            inputs = [InputSummary(**item) for item in data["inputs"]]
-            fields = {k: v for k, v in data.items() if k not in ("schema_version", "inputs")}
-            return cls(inputs=inputs, **fields)
-        except (KeyError, TypeError) as exc:
-            raise InputError(f"{source}: not a mismatch report ({exc})", hint="pass a report.json") from None
+    def from_dict(cls, data: Any, source: str = "report") -> Report:
+        """Rebuild a report from its JSON mapping, refusing other schema versions and malformed fields."""
+        validate_report(data, source)
+        inputs = [InputSummary(**item) for item in data["inputs"]]
+        fields = {k: v for k, v in data.items() if k not in ("schema_version", "inputs")}
+        return cls(inputs=inputs, **fields)
 
     @classmethod
     def load(cls, path: str | Path) -> Report:
         """Read a report.json written by `mismatch analyze`."""
         try:
-            data = json.loads(Path(path).read_text())
+            data = json.loads(Path(path).read_text(), parse_constant=_refuse_constant)
         except (OSError, ValueError) as exc:
             raise InputError(f"cannot read report {path}: {exc}", hint="pass a report.json") from None
         return cls.from_dict(data, source=str(path))
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (a report writes null for undefined numbers)")
+
+
+# ------------------------------------------------------------------------------------------ validation
+
+
+class _Check:
+    """Walks one report mapping; every failure names the file and the JSON path of the field."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, path: str, expected: str, value: Any) -> None:
+        got = "missing" if value is _MISSING else f"got {_kind(value)}"
+        raise InputError(f"{self.source}: {path} must be {expected}, {got}",
+                         hint="regenerate the report with `mismatch analyze --out-dir DIR`, or fix that field")
+
+    def obj(self, value: Any, path: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            self.fail(path, "an object", value)
+        return value
+
+    def array(self, value: Any, path: str) -> list[Any]:
+        if not isinstance(value, list):
+            self.fail(path, "an array", value)
+        return value
+
+    def number(self, value: Any, path: str, nullable: bool = True, low: float = -math.inf) -> None:
+        if value is None and nullable:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or value < low:
+            bound = "" if low == -math.inf else f" >= {low:g}"
+            self.fail(path, f"a finite number{bound}" + (" or null" if nullable else ""), value)
+
+    def numbers(self, value: Any, path: str, nullable: bool = True, low: float = -math.inf) -> list[Any]:
+        for i, item in enumerate(self.array(value, path)):
+            self.number(item, f"{path}[{i}]", nullable, low)
+        return value
+
+    def metrics(self, value: Any, path: str) -> None:
+        for key, item in self.obj(value, path).items():
+            self.number(item, f"{path}[{json.dumps(key)}]")
+
+    def entries(self, value: Any, path: str, label: str) -> None:
+        """Round-like rows: objects of numbers (the label an integer)."""
+        for i, entry in enumerate(self.array(value, path)):
+            for key, item in self.obj(entry, f"{path}[{i}]").items():
+                self.number(item, f"{path}[{i}].{key}", nullable=key != label)
+
+    def histogram(self, value: Any, path: str) -> None:
+        entry = self.obj(value, path)
+        if "bin_width" in entry:  # the by-position profile
+            self.number(entry["bin_width"], f"{path}.bin_width", nullable=False, low=1)
+            tokens = self.numbers(entry.get("tokens", _MISSING), f"{path}.tokens", nullable=False, low=0)
+            means = self.numbers(entry.get("abs_log_ratio_mean", _MISSING), f"{path}.abs_log_ratio_mean")
+            if len(means) != len(tokens):
+                self.fail(f"{path}.abs_log_ratio_mean", f"an array of {len(tokens)} values (one per bin)", means)
+            return
+        edges = self.numbers(entry.get("edges", _MISSING), f"{path}.edges", nullable=False)
+        if any(b < a for a, b in zip(edges, edges[1:], strict=False)):
+            self.fail(f"{path}.edges", "non-decreasing", edges)
+        bins = max(len(edges) - 1, 0)
+        sides = ("counts",) if "counts" in entry else ("negative", "positive")
+        if "counts" not in entry and edges and edges[0] < 0:
+            self.fail(f"{path}.edges", "magnitudes >= 0 (with negative / positive counts)", edges)
+        for side in sides:
+            counts = self.numbers(entry.get(side, _MISSING), f"{path}.{side}", nullable=False, low=0)
+            if len(counts) != bins:
+                self.fail(f"{path}.{side}", f"an array of {bins} counts (one per pair of edges)", counts)
+        if "zero" in entry:
+            self.number(entry["zero"], f"{path}.zero", nullable=False, low=0)
+
+
+_MISSING = object()
+_TOP_LEVEL: dict[str, str] = {  # field -> JSON type
+    "tool": "object", "created_at": "string", "inputs": "array", "config": "object", "metrics": "object",
+    "summary": "object", "steps": "array", "groups": "object", "rounds": "array", "rounds_from_end": "array",
+    "quantiles": "object", "histograms": "object", "worst_sequences": "array", "what_if": "array",
+    "intervals": "object", "data_quality": "object", "warnings": "array",
+}
+_EXPECTED = {"object": "an object", "array": "an array", "string": "a string"}
+_REQUIRED = ("tool", "created_at", "inputs", "config", "metrics")
+_INPUT_FIELDS = {"path": str, "format": str, "bytes": int, "sha256": (str, type(None)), "sequences": int,
+                 "tokens": int}
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return f"the string {json.dumps(value[:40])}"
+    if isinstance(value, list):
+        return f"an array of {len(value)} item{'s' if len(value) != 1 else ''}"
+    return "an object" if isinstance(value, dict) else type(value).__name__
+
+
+def validate_report(data: Any, source: str = "report") -> None:
+    """Refuse a report whose fields the readers cannot use (exit 3), naming the file and the field's JSON path."""
+    check = _Check(source)
+    check.obj(data, "$")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        raise InputError(
+            f"{source}: unsupported report schema_version {version!r} (this tool reads {SCHEMA_VERSION})",
+            hint="re-run `mismatch analyze` with this version to regenerate the report",
+        )
+    for key in _REQUIRED:
+        if key not in data:
+            check.fail(f"$.{key}", _EXPECTED[_TOP_LEVEL[key]], _MISSING)
+    for key, value in data.items():
+        kind = _TOP_LEVEL.get(key)
+        if kind is None and key != "schema_version":
+            raise InputError(f"{source}: $.{key} is not a field of a mismatch report",
+                             hint="pass a report.json written by `mismatch analyze`")
+        if kind == "object":
+            check.obj(value, f"$.{key}")
+        elif kind == "array":
+            check.array(value, f"$.{key}")
+        elif kind == "string" and not isinstance(value, str):
+            check.fail(f"$.{key}", "a string", value)
+    for i, item in enumerate(data["inputs"]):
+        check.obj(item, f"$.inputs[{i}]")
+        for name, kind in _INPUT_FIELDS.items():
+            value = item.get(name, _MISSING)
+            if isinstance(value, bool) or not isinstance(value, kind):
+                check.fail(f"$.inputs[{i}].{name}", "a string" if kind is str else "an integer"
+                           if kind is int else "a string or null", value)
+        extra = sorted(set(item) - set(_INPUT_FIELDS))
+        if extra:
+            check.fail(f"$.inputs[{i}].{extra[0]}", "absent (not a field of an input)", item[extra[0]])
+    check.metrics(data["metrics"], "$.metrics")
+    for key, interval in data.get("intervals", {}).items():
+        path = f"$.intervals[{json.dumps(key)}]"
+        if not isinstance(interval, list) or len(interval) != 2:
+            check.fail(path, "an array [low, high] of two numbers", interval)
+        check.numbers(interval, path, nullable=False)
+        if interval[0] > interval[1]:
+            check.fail(path, "[low, high] with low <= high", interval)
+    check.entries(data.get("rounds", []), "$.rounds", "round")
+    check.entries(data.get("rounds_from_end", []), "$.rounds_from_end", "round_from_end")
+    for where, rows in [("$.steps", data.get("steps", []))] + [
+            (f"$.groups[{json.dumps(k)}]", v) for k, v in data.get("groups", {}).items()]:
+        for i, row in enumerate(check.array(rows, where)):
+            check.obj(row, f"{where}[{i}]")
+            check.metrics(row.get("metrics", _MISSING), f"{where}[{i}].metrics")
+            check.entries(row.get("rounds", []), f"{where}[{i}].rounds", "round")
+            if where == "$.steps" and (isinstance(row.get("step"), bool) or not isinstance(row.get("step"), int)):
+                check.fail(f"{where}[{i}].step", "an integer", row.get("step", _MISSING))
+    for key, histogram in data.get("histograms", {}).items():
+        check.histogram(histogram, f"$.histograms.{key}")
+    for key, marks in data.get("quantiles", {}).items():
+        if isinstance(marks, dict):
+            check.metrics(marks, f"$.quantiles.{key}")
+    for key in ("worst_sequences", "what_if"):
+        for i, row in enumerate(data.get(key, [])):
+            check.obj(row, f"$.{key}[{i}]")
+    for i, warning in enumerate(data.get("warnings", [])):
+        if not isinstance(warning, str):
+            check.fail(f"$.warnings[{i}]", "a string", warning)
 
 
 def strict_json(value: Any) -> Any:

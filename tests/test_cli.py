@@ -452,8 +452,8 @@ def test_empty_rows_count_in_training_ppl(small_dump):
 @pytest.mark.parametrize(
     ("args", "needles"),
     [
-        (["--is", "token", "--is-threshold", "abc"], ["rollout_is_threshold", "abc"]),
-        (["--is", "token", "--is-threshold", "0.5_abc"], ["rollout_is_threshold", "0.5_abc"]),
+        (["--is", "token", "--is-threshold", "abc"], ["--is-threshold", "abc"]),
+        (["--is", "token", "--is-threshold", "0.5_abc"], ["--is-threshold", "0.5_abc"]),
         (["--is", "token", "--is-threshold", "5.0_0.5"], ["lower bound"]),
         (["--rs", "geometric", "--rs-threshold", "1.001"], ["geometric", "0.7.0"]),
         (["--rs", "token_k2"], ["rollout_rs_threshold"]),

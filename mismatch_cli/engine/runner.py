@@ -236,10 +236,12 @@ class Analysis:
             )
         if result.icepop_rejects_all:
             threshold = correction.is_threshold
+            what = (f"the IcePop band {threshold.lower:g}_{threshold.upper:g} rejects every valid token's IS weight"
+                    if threshold.lower is not None else f"the TIS bound {threshold.upper:g} truncates every valid "
+                    "token's IS weight to 0 (it is below float32's range)")
             raise ConfigError(
-                f"the IcePop band {threshold.lower}_{threshold.upper} rejects every valid token's IS weight, "
-                "so the effective sample size is undefined (verl crashes with ZeroDivisionError here)",
-                hint="widen --is-threshold (e.g. 0.5_5.0) or use a single TIS bound",
+                f"{what}, so the effective sample size is undefined (verl crashes with ZeroDivisionError here)",
+                hint="widen --is-threshold (e.g. 0.5_5.0 or 2.0)",
             )
         steps = {step: acc.compute() for step, acc in sorted(self.per_step.items())}
         groups = {

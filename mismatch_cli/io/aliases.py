@@ -51,7 +51,25 @@ def check_options(options: ReadOptions) -> None:
         if not name:
             raise UsageError(f"empty column name in --column {role}=", hint=f"write --column {role}=NAME")
     if options.chunk_rows < 1:
-        raise UsageError(f"chunk size must be at least 1 row, got {options.chunk_rows}")
+        raise UsageError(f"chunk size must be at least 1 row, got {options.chunk_rows}",
+                         hint="read at least one row per chunk (chunk_rows >= 1)")
+    _refuse_shared(options.columns, options)
+
+
+def _refuse_shared(resolved: dict[str, str | None], options: ReadOptions, source: str = "") -> None:
+    """Refuse two roles reading one column: old vs rollout of the same values reports a perfectly healthy run."""
+    by_name: dict[str, list[str]] = {}
+    for role, name in resolved.items():
+        if name is not None:
+            by_name.setdefault(name, []).append(role)
+    for name, roles in by_name.items():
+        if len(roles) > 1:
+            given = " ".join(f"--column {r}={options.columns[r]}" for r in roles if r in options.columns)
+            where = f" in {source}" if source else ""
+            raise UsageError(
+                f"roles {' and '.join(roles)} would both read column {name!r}{where} (from {given})",
+                hint="map each role to its own column with --column ROLE=NAME",
+            )
 
 
 def format_available(available: Sequence[str]) -> str:
@@ -95,4 +113,5 @@ def resolve_roles(
                 hint=hint,
             )
         resolved[role] = match
+    _refuse_shared(resolved, options, source)
     return resolved

@@ -132,6 +132,8 @@ def _read_open(handle: pq.ParquetFile, path: str, options: ReadOptions,
     available = schema.names
     roles = resolve_roles(available, options, path)
     names = {role: name for role, name in roles.items() if name is not None}
+    _refuse_duplicates(available, [*names.values(), options.step_column, *options.id_columns,
+                                   *options.group_columns], path)
     for role, name in names.items():
         _check_role_type(schema.field(name), role, path)
 
@@ -180,6 +182,15 @@ def _read_open(handle: pq.ParquetFile, path: str, options: ReadOptions,
                 first_row += record_batch.num_rows
     except (pa.ArrowException, OSError) as exc:
         raise _read_error(path, exc, f" (after row {first_row})") from exc
+
+
+def _refuse_duplicates(available: list[str], wanted: list[str], path: str) -> None:
+    """Refuse a column this read needs that the file holds twice (which of the two is meant is unknowable)."""
+    for name in dict.fromkeys(wanted):
+        count = available.count(name)
+        if count > 1:
+            raise InputError(f"{path} has {count} columns named {name!r}",
+                             hint="rename or drop the extra column so each name is unique, then re-run")
 
 
 def _to_batch(

@@ -272,13 +272,14 @@ def write_compare_plots(comparison: Comparison, base: Report, candidate: Report,
         for (edges, fractions), label, color in zip(hists, labels, colors, strict=True):
             ax.stairs(fractions, edges, label=label, color=color, linewidth=1.5)
         magnitudes = [abs(e) for h in hists for e in h[0] if e != 0]
-        low, high = math.floor(math.log10(min(magnitudes))), math.ceil(math.log10(max(magnitudes)))
-        ax.set_xscale("symlog", linthresh=10.0**low)
-        step = max(1, (high - low) // 4)  # about five labelled decades per side
-        decades = [10.0**k for k in range(high, low - 1, -step)]
-        ax.set_xticks([-d for d in decades] + [0.0] + decades[::-1],
-                      [f"-1e{round(math.log10(d))}" for d in decades] + ["0"]
-                      + [f"1e{round(math.log10(d))}" for d in decades[::-1]], fontsize=7)
+        if magnitudes:  # else every edge is 0: a plain linear axis around 0
+            low, high = math.floor(math.log10(min(magnitudes))), math.ceil(math.log10(max(magnitudes)))
+            ax.set_xscale("symlog", linthresh=10.0**low)
+            step = max(1, (high - low) // 4)  # about five labelled decades per side
+            decades = [10.0**k for k in range(high, low - 1, -step)]
+            ax.set_xticks([-d for d in decades] + [0.0] + decades[::-1],
+                          [f"-1e{round(math.log10(d))}" for d in decades] + ["0"]
+                          + [f"1e{round(math.log10(d))}" for d in decades[::-1]], fontsize=7)
         ax.set_yscale("log")
         ax.set_xlabel("delta = old_log_probs - rollout_log_probs")
         ax.set_ylabel("fraction of valid tokens")

@@ -92,10 +92,16 @@ def signed_bins(histogram: dict[str, Any], floor: float = DELTA_FLOOR) -> tuple[
     """Monotone signed bin edges and counts from a report histogram; |value| < floor lumped into one middle bin."""
     edges = np.asarray(histogram.get("edges") or [], dtype=np.float64)
     zero = int(histogram.get("zero", 0))
-    if edges.size == 0:
-        return (np.array([-floor, floor]), np.array([zero], dtype=np.float64)) if zero else None
-    negative = np.asarray(histogram["negative"], dtype=np.float64)
-    positive = np.asarray(histogram["positive"], dtype=np.float64)
+    if edges.size and ("negative" not in histogram or "positive" not in histogram):
+        return None  # not analyze's magnitude form (e.g. {edges, counts} over delta): nothing drawn here
+    negative = np.asarray(histogram.get("negative") or [], dtype=np.float64)
+    positive = np.asarray(histogram.get("positive") or [], dtype=np.float64)
+    total = zero + negative.sum() + positive.sum()
+    if not total:
+        return None
+    if edges.size == 0 or edges[-1] <= 0:
+        # Every token sits at |value| = 0 (or bins of zero width there): one middle bin holds them all.
+        return np.array([-floor, floor]), np.array([total], dtype=np.float64)
     if edges[-1] <= floor:
         floor = float(edges[0])
     keep = edges[:-1] >= floor * (1 - 1e-9)
@@ -177,14 +183,16 @@ def abs_delta_ccdf(report: Report) -> bytes | None:
     """Fraction of tokens with |delta| > x on log-log axes, quantile markers and threshold bands."""
     histogram = report.histograms.get("log_ratio") or {}
     edges = np.asarray(histogram.get("edges") or [], dtype=np.float64)
-    if edges.size == 0:
-        return None
+    if edges.size == 0 or edges[-1] <= 0 or "negative" not in histogram or "positive" not in histogram:
+        return None  # nothing above |delta| = 0 to draw on a log axis (or not analyze's magnitude form)
     counts = np.asarray(histogram["negative"], dtype=np.float64) + np.asarray(histogram["positive"], dtype=np.float64)
     total = counts.sum() + int(histogram.get("zero", 0))
+    if not counts.sum():
+        return None
     above = (counts.sum() - np.cumsum(counts)) / total  # P(|delta| >= upper edge of bin i)
     x = np.concatenate([[edges[0]], edges[1:]])
     y = np.concatenate([[counts.sum() / total], above])
-    shown = y > 0
+    shown = (y > 0) & (x > 0)
     fig, (ax,) = _figure()
     ax.step(x[shown], y[shown], where="post", color=COLORS["data"], linewidth=1.6, label="P(|Δ| > x)")
     ax.set_xscale("log")
