@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from mismatch_cli.api import analyze
-from mismatch_cli.config import CorrectionConfig
+from mismatch_cli.correction import CorrectionConfig
 from mismatch_cli.synth import SynthSpec, write_synthetic_dump
 
 FULL = CorrectionConfig(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="seq_mean_k1,token_k3",

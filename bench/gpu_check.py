@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from mismatch_cli.batch import Batch  # noqa: E402
-from mismatch_cli.config import CorrectionConfig, resolve  # noqa: E402
+from mismatch_cli.correction import CorrectionConfig, resolve  # noqa: E402
 from mismatch_cli.engine.runner import run  # noqa: E402
 
 FULL = CorrectionConfig(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="seq_mean_k1,token_k3",
@@ -59,7 +59,7 @@ def legacy_parity() -> bool:
     """Every older-family case (legacy_parity_cases.json) on CUDA within the parity tolerance."""
     from legacy_cases import load_legacy_cases, matches
 
-    from mismatch_cli.legacy import resolve_family
+    from mismatch_cli.correction import resolve_family
 
     ok, checked = True, 0
     for case in load_legacy_cases():

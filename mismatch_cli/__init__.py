@@ -20,7 +20,7 @@ def __getattr__(name: str) -> Any:
 
         return Report
     if name == "CorrectionConfig":
-        from mismatch_cli.config import CorrectionConfig
+        from mismatch_cli.correction import CorrectionConfig
 
         return CorrectionConfig
     raise AttributeError(name)

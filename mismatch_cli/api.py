@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from mismatch_cli import __version__
-from mismatch_cli.config import CorrectionConfig, ResolvedCorrection, resolve
+from mismatch_cli.correction import CorrectionConfig, ResolvedCorrection, resolve
 from mismatch_cli.errors import UsageError
 from mismatch_cli.health import summarize
 from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, iter_batches, sha256_file

@@ -304,8 +304,15 @@ def _correction(
     semantics: Semantics | None = None,
     family_flags: dict[str, Any] | None = None,
 ) -> Any:
-    from mismatch_cli.config import VERL_FAMILIES, CorrectionConfig, build_config
-    from mismatch_cli.legacy import FAMILIES, family_fields_from_flags
+    from mismatch_cli.cli_flags import family_fields_from_flags
+    from mismatch_cli.correction import (
+        FAMILIES,
+        FAMILY_FIELDS,
+        VERL_FAMILIES,
+        CorrectionConfig,
+        build_config,
+        field_home,
+    )
 
     table = _load_config_table(config_file)
     family = semantics.value if semantics is not None else str(table.pop("semantics", "verl"))
@@ -320,16 +327,14 @@ def _correction(
         fields = {**table, **family_fields_from_flags(family, flags)}
         if is_level is IsLevel.none:
             fields["rollout_is"] = None
-        return _validated(CorrectionConfig(semantics=family, family_fields=fields))
+        return _validated(CorrectionConfig(semantics=family, family_fields=fields), family)
     family_fields_from_flags(family, {k: v for k, v in flags.items() if v is not None and k not in (
         "--preset", "--is-threshold", "--is-batch-normalize", "--rs", "--rs-threshold", "--k1-bounds", "--is")})
-    from mismatch_cli.legacy import FIELD_HOME, FIELDS
-
     for key in table:
-        if key not in FIELDS["verl"] and key in FIELD_HOME:
+        if key not in FAMILY_FIELDS["verl"] and field_home(key):
             raise UsageError(f"{config_file}: {key} is not a field of verl 0.9's [correction]",
-                             hint=f"add semantics = \"{FIELD_HOME[key].split(' ')[0]}\" ({key} belongs to "
-                             f"{FIELD_HOME[key]})")
+                             hint=f"add semantics = \"{field_home(key).split(',')[0].split(' ')[0]}\" ({key} "
+                             f"belongs to {field_home(key)})")
     preset = preset or table.pop("preset", None)
     overrides: dict[str, Any] = dict(table)
     if is_level is not None:
@@ -344,14 +349,19 @@ def _correction(
         overrides["rollout_rs_threshold"] = _threshold_value(rs_threshold, "--rs-threshold")
     if k1_bounds is not None:
         overrides["k1_bounds"] = k1_bounds.value
-    return _validated(build_config(overrides, preset=preset, semantics=family))
+    return _validated(build_config(overrides, preset=preset, semantics=family), family)
 
 
-def _validated(config: Any) -> Any:
-    """The configuration, once verl's rules accept it: errors come before any input is read, reports included."""
-    from mismatch_cli.config import resolve
+def _validated(config: Any, family: str) -> Any:
+    """The configuration, once its family's rules accept it: errors come before any input is read."""
+    from mismatch_cli.cli_flags import name_flags
+    from mismatch_cli.correction import resolve
+    from mismatch_cli.errors import MismatchError
 
-    resolve(config)
+    try:
+        resolve(config)
+    except MismatchError as error:
+        raise name_flags(error, family) from None
     return config
 
 
@@ -503,25 +513,12 @@ def presets(
     """List the rollout-correction presets of verl (or of an older family) with their parameters."""
     import json
 
-    from mismatch_cli.config import PRESETS
-    from mismatch_cli.legacy import legacy_presets, presets_071
+    from mismatch_cli.correction import presets_table
 
     family = semantics.value if semantics is not None else "verl"
-    fields: tuple[str, ...] = ("rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold",
-                               "bypass_mode", "loss_type")
-    if family in ("verl-0.7.0", "verl-0.6.1"):
-        fields = ("rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold",
-                  "rollout_rs_threshold_lower", "rollout_token_veto_threshold", "bypass_mode")
-        rows = [{"name": name, **{f: values.get(f) for f in fields}, "summary": summary}
-                for name, (values, summary) in legacy_presets(family).items()]
-    elif family in ("verl", "verl-0.8", "verl-0.7.1"):
-        chosen = presets_071() if family == "verl-0.7.1" else PRESETS
-        rows = [{"name": p.name, **{f: getattr(p.config, f) for f in fields}, "summary": p.summary}
-                for p in chosen.values()]
-    else:
-        rows = []  # verl 0.6.0's mismatch_helper and xtuner configure fields directly; they ship no presets
-        if not quiet:
-            _stderr().print(f"{family} has no presets: set its fields (see `mismatch analyze --help`)", markup=False)
+    fields, rows = presets_table(family)
+    if not rows and not quiet:
+        _stderr().print(f"{family} has no presets: set its fields (see `mismatch analyze --help`)", markup=False)
     if output_format is OutputFormat.json:
         from mismatch_cli.report import SCHEMA_VERSION
 

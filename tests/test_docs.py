@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mismatch_cli.config import PRESETS
-from mismatch_cli.legacy import FAMILIES, legacy_presets
+from mismatch_cli.correction import FAMILIES, PRESETS, older_presets
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", ROOT / "tests" / "data" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -94,5 +93,5 @@ def test_preset_tables_name_every_preset():
     assert [name for name in PRESETS if f"| `{name}` |" not in verl] == []
     legacy = (ROOT / "docs" / "legacy-semantics.md").read_text()
     for family in ("verl-0.6.1", "verl-0.7.0"):
-        missing = [name for name in legacy_presets(family) if f"`{name}`" not in legacy]
+        missing = [name for name in older_presets(family) if f"`{name}`" not in legacy]
         assert not missing, f"docs/legacy-semantics.md does not name {family} presets {missing}"

@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from mismatch_cli.api import analyze
-from mismatch_cli.config import CorrectionConfig
+from mismatch_cli.correction import CorrectionConfig
 from mismatch_cli.io import ReadOptions
 
 ROWS = 40

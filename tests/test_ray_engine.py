@@ -9,7 +9,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from mismatch_cli.api import analyze  # noqa: E402
-from mismatch_cli.config import CorrectionConfig  # noqa: E402
+from mismatch_cli.correction import CorrectionConfig  # noqa: E402
 from mismatch_cli.synth import SynthSpec, write_synthetic_dump  # noqa: E402
 
 

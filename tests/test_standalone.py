@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from mismatch_cli.api import analyze
 from mismatch_cli.cli import app
-from mismatch_cli.config import CorrectionConfig
+from mismatch_cli.correction import CorrectionConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "sample_data" / "single_turn.parquet"

@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mismatch_cli.config import ResolvedCorrection
+from mismatch_cli.correction import ResolvedCorrection
 from mismatch_cli.engine.bootstrap import DEFAULT_REPLICATES, BootstrapAccumulator
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.diagnostics import DiagnosticsAccumulator
+from mismatch_cli.engine.family import FamilyAccumulator
 from mismatch_cli.engine.importance import ImportanceAccumulator
-from mismatch_cli.engine.legacy import LegacyAccumulator
 from mismatch_cli.engine.offpolicy import OFFPOLICY_KEYS, OffPolicyAccumulator
 from mismatch_cli.engine.rejection import RejectionAccumulator
 from mismatch_cli.engine.rounds import RoundsAccumulator
@@ -65,12 +65,12 @@ class BatchAccumulator:
         )
         self.rejection = (
             RejectionAccumulator(correction.rs_options, correction.k1_bounds, device,
-                                 exact_mask=correction.legacy is not None and correction.legacy.exact_mask)
+                                 exact_mask=correction.family_spec is not None and correction.family_spec.exact_mask)
             if correction.rs_options
             else None
         )
         # An older family (verl <= 0.7.1, xtuner) replaces verl 0.9's IS keys with its own blocks.
-        self.legacy = LegacyAccumulator(correction.legacy, device) if correction.legacy is not None else None
+        self.family = FamilyAccumulator(correction.family_spec, device) if correction.family_spec is not None else None
         self.rounds = RoundsAccumulator(device) if rounds else None
         self.bootstrap = (
             BootstrapAccumulator(bootstrap, device, correction.is_level if self.importance else None,
@@ -93,8 +93,8 @@ class BatchAccumulator:
             self.rejection.update(chunk)
         if self.bootstrap is not None:
             self.bootstrap.update(chunk)  # after IS / RS: it reads their per-token and per-row decisions
-        if self.legacy is not None:
-            self.legacy.update(chunk)
+        if self.family is not None:
+            self.family.update(chunk)
         if self.rounds is not None:
             self.rounds.update(chunk)  # last: it reads the IS weights and RS decisions of this chunk
 
@@ -110,8 +110,8 @@ class BatchAccumulator:
             self.importance.merge(other.importance)
         if self.rejection is not None and other.rejection is not None:
             self.rejection.merge(other.rejection)
-        if self.legacy is not None and other.legacy is not None:
-            self.legacy.merge(other.legacy)
+        if self.family is not None and other.family is not None:
+            self.family.merge(other.family)
         if self.rounds is not None and other.rounds is not None:
             self.rounds.merge(other.rounds)
         if self.bootstrap is not None and other.bootstrap is not None:
@@ -128,9 +128,9 @@ class BatchAccumulator:
         tokens = self.valid_tokens
         result = BatchResult(metrics={}, valid_tokens=tokens)
         verl_keys = list(OFFPOLICY_KEYS)
-        if tokens == 0 and self.legacy is not None and self.legacy.spec.offpolicy == "xtuner":
+        if tokens == 0 and self.family is not None and self.family.spec.per_pack:
             # xtuner does not raise on an all-masked pack: it reports valid = 0 and +-inf, and so do we.
-            family, _ = self.legacy.compute(None)
+            family, _ = self.family.compute(None)
             result.metrics.update({k: _finite_or_none(v) for k, v in family.items()})
             result.notes.append("no valid token: xtuner reports valid = 0, +-inf extrema (null here) and an "
                                 "infinite ESS for such a pack, and its merge skips the pack")
@@ -155,8 +155,8 @@ class BatchAccumulator:
         if self.rejection is not None:
             verl.update(self.rejection.compute())
         verl.update(self.offpolicy.compute())
-        if self.legacy is not None:
-            family, notes = self.legacy.compute({k: verl.pop(k) for k in OFFPOLICY_KEYS})
+        if self.family is not None:
+            family, notes = self.family.compute({k: verl.pop(k) for k in OFFPOLICY_KEYS})
             result.notes += notes
             family.update({VERL_PREFIX + k: v for k, v in verl.items()})  # verl 0.7.1's k1/k2/k3 RS keys
             verl = {k: v for k, v in family.items()}

@@ -19,7 +19,7 @@ import os
 import numpy as np
 import torch
 
-from mismatch_cli.config import SAFETY_BOUND
+from mismatch_cli.correction import SAFETY_BOUND
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.ops import count_in_segments
 from mismatch_cli.engine.state import F64

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from mismatch_cli.batch import Batch
-from mismatch_cli.config import SAFETY_BOUND
+from mismatch_cli.correction import SAFETY_BOUND
 from mismatch_cli.engine.ops import segment_sum
 from mismatch_cli.engine.state import F64
 

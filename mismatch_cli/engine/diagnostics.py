@@ -15,7 +15,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from mismatch_cli.config import SAFETY_BOUND
+from mismatch_cli.correction import SAFETY_BOUND
 from mismatch_cli.engine.chunk import MAX_CHUNK_POSITIONS, Chunk
 from mismatch_cli.engine.ops import segment_sum
 from mismatch_cli.engine.sketch import NUM_BUCKETS, SHIFT

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mismatch_cli.config import ResolvedCorrection
+from mismatch_cli.correction import ResolvedCorrection
 from mismatch_cli.engine.runner import Analysis, EngineResult
 from mismatch_cli.errors import UsageError
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mismatch_cli.config import SAFETY_BOUND
+from mismatch_cli.correction import SAFETY_BOUND
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.ops import total
 from mismatch_cli.engine.state import Reducer

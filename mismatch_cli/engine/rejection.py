@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from mismatch_cli.config import RsOption
+from mismatch_cli.correction import RsOption
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.state import F64, Moments, Reducer, float32_fraction
 

@@ -11,11 +11,11 @@ import numpy as np
 import torch
 
 from mismatch_cli.batch import Batch
-from mismatch_cli.config import ResolvedCorrection
+from mismatch_cli.correction import ResolvedCorrection
 from mismatch_cli.engine.analysis import BatchAccumulator, BatchResult
 from mismatch_cli.engine.bootstrap import DEFAULT_REPLICATES
 from mismatch_cli.engine.chunk import QUALITY_CATEGORIES, bounded, make_chunk, quality_examples
-from mismatch_cli.engine.legacy import LegacyAccumulator, merge_xtuner_packs
+from mismatch_cli.engine.family import FamilyAccumulator, merge_xtuner_packs
 from mismatch_cli.errors import ConfigError, DataError, InputError, UsageError
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -136,8 +136,8 @@ class Analysis:
         self.group_by = group_by
         self.overall = BatchAccumulator(correction, device, rounds, bootstrap=bootstrap)
         # xtuner computes per pack (one input file here) and merges packs; keep one family state per file.
-        self.xtuner = correction.legacy is not None and correction.legacy.offpolicy == "xtuner"
-        self.packs: dict[str, LegacyAccumulator] = {}
+        self.per_pack = correction.family_spec is not None and correction.family_spec.per_pack
+        self.packs: dict[str, FamilyAccumulator] = {}
         self.per_step: dict[int, BatchAccumulator] = {}
         self.per_group: dict[str, dict[Any, BatchAccumulator]] = {column: {} for column in group_by}
         self.sources: dict[str, SourceStats] = {}
@@ -156,8 +156,8 @@ class Analysis:
             self.any_rows = True
             chunk = make_chunk(batch, self.device, compute_dtype)
             self.overall.update(chunk)
-            if self.xtuner:
-                pack = self.packs.setdefault(batch.source, LegacyAccumulator(self.correction.legacy, self.device))
+            if self.per_pack:
+                pack = self.packs.setdefault(batch.source, FamilyAccumulator(self.correction.family_spec, self.device))
                 pack.update(chunk)
             stats = self.sources.setdefault(batch.source, SourceStats())
             stats.add(batch.num_rows, chunk.quality)
@@ -221,14 +221,15 @@ class Analysis:
                 hint="check that the dump files are not empty",
             )
         result = self.overall.compute()
-        if len(self.packs) > 1:
+        spec = correction.family_spec
+        if len(self.packs) > 1 and spec is not None:
             merged = merge_xtuner_packs([pack.compute(None)[0] for pack in self.packs.values()],
-                                        head=correction.legacy.family == "xtuner")
-            result.metrics = {k: v for k, v in result.metrics.items() if not k.startswith(correction.legacy.prefix)}
+                                        valid_only=spec.merge_valid_packs_only)
+            result.metrics = {k: v for k, v in result.metrics.items() if not k.startswith(spec.prefix)}
             result.metrics.update({k: v if math.isfinite(v) else None for k, v in merged.items()})
             result.notes.append(f"xtuner metrics merged over {len(self.packs)} packs (one per input file) as "
                                 "merge_rollout_is_metrics does: mean, or max / min for max / min keys, in float32")
-        if result.valid_tokens == 0 and not self.xtuner:
+        if result.valid_tokens == 0 and not self.per_pack:
             raise DataError(
                 f"no valid token in {describe_inputs(names)}: every response_mask value is 0 (or every masked-in "
                 "log-prob is NaN/inf/sentinel), so there is nothing to measure (verl raises ValueError here)",

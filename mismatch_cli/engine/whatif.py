@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mismatch_cli.config import SAFETY_BOUND, RsOption
+from mismatch_cli.correction import SAFETY_BOUND, RsOption
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.diagnostics import scratch
 from mismatch_cli.engine.ops import total

@@ -6,7 +6,7 @@ log-prob of a valid token, ratio = exp(d), a row's log-ratio sum S = Σ d over i
 
 from __future__ import annotations
 
-from mismatch_cli.config import RS_OPTIONS
+from mismatch_cli.correction import RS_OPTIONS
 from mismatch_cli.metrics.model import Band, Direction, Family, Metric
 
 LOWER, HIGHER, CLOSER_TO_1, LOWER_ABS, NONE = (Direction.LOWER, Direction.HIGHER, Direction.CLOSER_TO_1,

@@ -7,9 +7,8 @@ import json
 import pytest
 from conftest import ROOT, assert_clean_failure, mismatch, snapshot
 
-from mismatch_cli.config import CorrectionConfig, resolve
+from mismatch_cli.correction import FAMILY_FIELDS, CorrectionConfig, resolve
 from mismatch_cli.errors import UsageError
-from mismatch_cli.legacy import FIELDS
 from mismatch_cli.thresholds import load_check_config
 from mismatch_cli.tomlconfig import CORRECTION_FIELDS, load_config
 
@@ -103,7 +102,7 @@ def test_bool_string_in_the_python_api_is_refused():
 
 
 def test_every_family_field_has_a_declared_kind():
-    fields = {name for family in FIELDS.values() for name in family} | {"semantics", "mask_dtype"}
+    fields = {name for family in FAMILY_FIELDS.values() for name in family} | {"semantics", "mask_dtype"}
     assert fields == set(CORRECTION_FIELDS)
 
 

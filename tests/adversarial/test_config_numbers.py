@@ -10,7 +10,7 @@ from conftest import ROOT, assert_clean_failure, mismatch, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mismatch_cli.config import parse_is_threshold, parse_rs_thresholds
+from mismatch_cli.correction import parse_is_threshold, parse_rs_thresholds
 from mismatch_cli.errors import UsageError
 from mismatch_cli.numbers import check_threshold_text, parse_band, parse_integer, parse_number
 

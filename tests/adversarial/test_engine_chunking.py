@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mismatch_cli.api import analyze
-from mismatch_cli.config import CorrectionConfig
+from mismatch_cli.correction import CorrectionConfig
 
 REL, ABS = 1e-9, 1e-12
 CONFIGS = (

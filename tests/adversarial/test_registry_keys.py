@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mismatch_cli.cli import app
-from mismatch_cli.config import RS_OPTIONS
+from mismatch_cli.correction import RS_OPTIONS
 from mismatch_cli.health import CHECKS, summarize
 from mismatch_cli.metrics import METRICS, Direction, closest, concrete_keys, direction_of, lookup, resolve_name
 from mismatch_cli.render.metrics import REGENERATE, render_metrics_markdown

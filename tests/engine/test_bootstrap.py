@@ -11,7 +11,7 @@ from helpers import batch_from_padded
 from test_chunking import split
 from test_numpy_reference import random_dump
 
-from mismatch_cli.config import CorrectionConfig, resolve
+from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine import bootstrap as bs
 from mismatch_cli.engine.analysis import BatchAccumulator
 from mismatch_cli.engine.bootstrap import BootstrapAccumulator, poisson_weights, source_key

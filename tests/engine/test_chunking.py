@@ -9,7 +9,7 @@ from helpers import batch_from_padded
 from test_numpy_reference import CONFIGS, random_dump
 
 from mismatch_cli.batch import Batch
-from mismatch_cli.config import CorrectionConfig, resolve
+from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.analysis import BatchAccumulator
 from mismatch_cli.engine.chunk import make_chunk
 from mismatch_cli.engine.runner import run

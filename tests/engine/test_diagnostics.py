@@ -12,7 +12,7 @@ from test_chunking import split
 from test_numpy_reference import random_dump
 
 from mismatch_cli.batch import Batch
-from mismatch_cli.config import CorrectionConfig, resolve
+from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.analysis import BatchAccumulator
 from mismatch_cli.engine.chunk import make_chunk
 from mismatch_cli.engine.runner import run

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from legacy_cases import load_legacy_cases, matches
 
+from mismatch_cli.correction import resolve_family
 from mismatch_cli.engine.runner import run
 from mismatch_cli.errors import ConfigError, DataError
-from mismatch_cli.legacy import resolve_family
 
 CASES = load_legacy_cases()
 NUMERIC = [c for c in CASES if c.error is None]

@@ -7,7 +7,7 @@ import pytest
 import verl_numpy as ref
 from helpers import batch_from_padded
 
-from mismatch_cli.config import CorrectionConfig, resolve
+from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.runner import run
 
 

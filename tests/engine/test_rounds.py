@@ -9,7 +9,7 @@ import pytest
 from test_chunking import assert_same, split
 
 from mismatch_cli.batch import Batch
-from mismatch_cli.config import CorrectionConfig, resolve
+from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.rounds import find_runs
 from mismatch_cli.engine.runner import run
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import batch_from_padded, close, verl_case_params
 
-from mismatch_cli.config import CorrectionConfig, resolve
+from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.runner import run
 from mismatch_cli.errors import ConfigError, DataError
 

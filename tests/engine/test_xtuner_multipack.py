@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from mismatch_cli.batch import Batch
 from mismatch_cli.cli import app
-from mismatch_cli.config import CorrectionConfig, resolve
+from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.runner import run
 
 CASES = json.loads((REFERENCE / "xtuner_multipack_cases.json").read_text())["cases"]

@@ -1,4 +1,4 @@
-"""Seed-era families (verl 0.6.0 / 0.6.1 / 0.7.0 / 0.7.1 IS, xtuner) as streaming accumulators.
+"""The older families (verl 0.6.0 / 0.6.1 / 0.7.0 / 0.7.1 IS, xtuner) as streaming accumulators.
 
 Formulas: docs/legacy-semantics.md. Every block keeps fixed-size float64 state (sums,
 extrema, Welford moments), except verl 0.6.0's exact percentiles, which keep the raw weights up to a
@@ -12,13 +12,12 @@ import math
 import numpy as np
 import torch
 
-from mismatch_cli.config import SAFETY_BOUND
+from mismatch_cli.correction import SAFETY_BOUND, FamilySpec, RatioBlockSpec, VetoSpec, threshold_log
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.offpolicy import OffPolicyAccumulator
 from mismatch_cli.engine.ops import total
 from mismatch_cli.engine.sketch import LogSketch
 from mismatch_cli.engine.state import F64, Moments, Reducer, float32_fraction
-from mismatch_cli.legacy import LegacySpec, RatioBlockSpec, VetoSpec, threshold_log
 
 PERCENTILES = (("p25", 0.25), ("p50", 0.50), ("p75", 0.75), ("p95", 0.95), ("p99", 0.99))
 EXACT_PERCENTILE_CAP = 1 << 22  # raw weights kept for exact torch.quantile parity; beyond, the sketch
@@ -52,7 +51,7 @@ class _Means:
 
 
 class RatioBlock:
-    """One legacy IS or RS metric block on raw (untruncated) safety-clamped ratios."""
+    """One older family's IS or RS metric block on raw (untruncated) safety-clamped ratios."""
 
     def __init__(self, spec: RatioBlockSpec, means: _Means, device: torch.device) -> None:
         self.spec = spec
@@ -355,17 +354,17 @@ MISMATCH_NAMES = {
 }
 
 
-class LegacyAccumulator:
+class FamilyAccumulator:
     """Every block one older family computes, behind update / merge / compute."""
 
-    def __init__(self, spec: LegacySpec, device: torch.device) -> None:
+    def __init__(self, spec: FamilySpec, device: torch.device) -> None:
         self.spec = spec
         means = _Means(spec.exact_mask)
         self.blocks = [RatioBlock(block, means, device) for block in spec.blocks] if spec.enabled else []
         self.veto = VetoBlock(spec.veto, means, device) if spec.enabled and spec.veto_keys and spec.blocks else None
-        if spec.family in ("verl-0.7.0", "verl-0.6.1"):
-            self.veto = VetoBlock(spec.veto, means, device)  # always emitted there, 0.0 when off
-        self.pack = PackMismatchBlock(device) if spec.offpolicy == "xtuner" else None
+        if spec.veto_keys_always:
+            self.veto = VetoBlock(spec.veto, means, device)  # 0.0 when off
+        self.pack = PackMismatchBlock(device) if spec.offpolicy == "pack" else None
         self.kept_tokens = 0.0
         self.offpolicy = OffPolicyAccumulator(device, exact_mask=True) if spec.exact_mask and spec.offpolicy in (
             "verl", "mismatch") else None  # bool-mask arithmetic for verl's per-row means
@@ -395,7 +394,7 @@ class LegacyAccumulator:
         kept = torch.where(lost_rows, torch.zeros_like(chunk.row_tokens), chunk.row_tokens - lost_in_row)
         return float(kept.sum().item())
 
-    def merge(self, other: LegacyAccumulator) -> None:
+    def merge(self, other: FamilyAccumulator) -> None:
         """Fold another shard in."""
         for mine, theirs in zip(self.blocks, other.blocks, strict=True):
             mine.merge(theirs)
@@ -413,7 +412,7 @@ class LegacyAccumulator:
         notes: list[str] = []
         if self.offpolicy is not None and offpolicy is not None:
             offpolicy = self.offpolicy.compute()
-        if self.spec.family in ("verl-0.7.0", "verl-0.6.1", "verl-0.7.1") and self.kept_tokens == 0 and offpolicy:
+        if self.spec.actor_recomputes_offpolicy and self.kept_tokens == 0 and offpolicy:
             notes.append(
                 "RS and the veto reject every sequence: verl <= 0.7.1's legacy actor recomputes the off-policy "
                 "metrics per micro-batch on this modified mask and crashes with AssertionError ('Expected at "
@@ -435,11 +434,11 @@ class LegacyAccumulator:
         return {self.spec.prefix + k: v for k, v in out.items()}, notes
 
 
-def merge_xtuner_packs(packs: list[dict[str, float]], head: bool) -> dict[str, float]:
+def merge_xtuner_packs(packs: list[dict[str, float]], valid_only: bool) -> dict[str, float]:
     """xtuner's `merge_rollout_is_metrics` over per-pack metric maps (docs/legacy-semantics.md §8.6).
 
     Keys naming "max" take the max and "min" the min over the counted packs, the rest their mean;
-    values go through float32 as upstream's tensors do. The head version counts valid packs only; the
+    values go through float32 as upstream's tensors do. The head version (`valid_only`) counts valid packs only; the
     2025-12 version lets an invalid pack add 0.0 everywhere and counts every pack for the IS keys
     (which had no `valid` flag yet), so an all-masked pack's infinite ESS leaks into the mean.
     """
@@ -449,9 +448,9 @@ def merge_xtuner_packs(packs: list[dict[str, float]], head: bool) -> dict[str, f
     for key in keys:
         is_key = key.startswith("mismatch/rollout_is_")
         valid = [bool(p.get(valid_key, 1.0)) for p in packs]
-        if head or not is_key:
+        if valid_only or not is_key:
             counted = [p for p, ok in zip(packs, valid, strict=True) if ok]
-            zero_filled = [] if head else [0.0 for ok in valid if not ok]
+            zero_filled = [] if valid_only else [0.0 for ok in valid if not ok]
         else:
             counted, zero_filled = list(packs), []
         count = len(counted)

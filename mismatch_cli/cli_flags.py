@@ -1,0 +1,82 @@
+"""The command line's correction flags: which upstream field each flag sets, per family (SPEC §3.3).
+
+Only the CLI imports this module; the correction model knows field names, never flags.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from mismatch_cli.correction import FAMILIES
+from mismatch_cli.correction.parse import pair, plain_number
+from mismatch_cli.errors import MismatchError, UsageError
+from mismatch_cli.numbers import NONE_WORDS, threshold_value
+
+# flag -> upstream field, per family. A flag missing here is refused for that family.
+FLAG_FIELDS: dict[str, dict[str, str]] = {
+    "verl-0.7.1": {"--is": "rollout_is", "--is-threshold": "rollout_is_threshold",
+                   "--is-batch-normalize": "rollout_is_batch_normalize", "--rs": "rollout_rs",
+                   "--rs-threshold": "rollout_rs_threshold", "--k1-bounds": "k1_bounds", "--preset": "preset",
+                   "--mask-dtype": "mask_dtype"},
+    "verl-0.7.0": {"--is": "rollout_is", "--is-threshold": "rollout_is_threshold",
+                   "--is-batch-normalize": "rollout_is_batch_normalize", "--rs": "rollout_rs",
+                   "--rs-threshold": "rollout_rs_threshold", "--rs-threshold-lower": "rollout_rs_threshold_lower",
+                   "--veto-threshold": "rollout_token_veto_threshold", "--preset": "preset",
+                   "--mask-dtype": "mask_dtype"},
+    "verl-0.6.0": {"--is-level": "rollout_is_level", "--is-mode": "rollout_is_mode",
+                   "--is-threshold": "rollout_is_threshold", "--is-threshold-lower": "rollout_is_threshold_lower",
+                   "--veto-threshold": "rollout_is_veto_threshold", "--mask-dtype": "mask_dtype"},
+    "xtuner": {"--is-level": "rollout_is_level", "--is-mode": "rollout_is_mode",
+               "--is-threshold": "rollout_is_threshold", "--is-mask-threshold": "rollout_is_mask_threshold",
+               "--veto-threshold": "rollout_is_veto_threshold", "--mask-dtype": "mask_dtype"},
+}
+FLAG_FIELDS["verl-0.6.1"] = FLAG_FIELDS["verl-0.7.0"]
+FLAG_FIELDS["xtuner-2025-12"] = FLAG_FIELDS["xtuner"]
+FLAG_FIELDS["verl-0.8"] = {flag: field for flag, field in FLAG_FIELDS["verl-0.7.1"].items() if flag != "--mask-dtype"}
+VERL_FLAGS = ("--is", "--is-threshold", "--is-batch-normalize", "--rs", "--rs-threshold", "--k1-bounds", "--preset")
+PAIR_FLAGS = ("--is-threshold", "--is-mask-threshold", "--veto-threshold")  # xtuner's (upper, lower) tuples
+THRESHOLD_FLAGS = ("--is-threshold", "--rs-threshold", "--veto-threshold", "--is-threshold-lower",
+                   "--rs-threshold-lower")
+ONE_NUMBER = ("verl-0.7.0", "verl-0.6.1", "verl-0.6.0")  # these versions take one number per threshold field
+assert set(FLAG_FIELDS) | {"verl"} == set(FAMILIES)
+
+
+def _table(family: str) -> dict[str, str]:
+    return FLAG_FIELDS.get(family, FLAG_FIELDS["verl-0.8"])
+
+
+def family_fields_from_flags(family: str, flags: dict[str, Any]) -> dict[str, Any]:
+    """Map the CLI flags a user gave to the family's upstream fields, refusing flags of other families."""
+    table = FLAG_FIELDS.get(family, {flag: flag for flag in VERL_FLAGS})
+    fields: dict[str, Any] = {}
+    for flag, value in flags.items():
+        if value is None:
+            continue
+        if flag not in table:
+            homes = [f for f, flags_of in FLAG_FIELDS.items() if flag in flags_of and f != "xtuner-2025-12"]
+            if flag in VERL_FLAGS:
+                homes = ["verl", *homes]
+            raise UsageError(f"{flag} is not an option of --semantics {family}",
+                             hint=f"{flag} belongs to --semantics {' / '.join(homes)}")
+        name = table[flag]
+        if family.startswith("xtuner") and flag in PAIR_FLAGS:
+            fields[name] = pair(name, value)
+        elif flag in THRESHOLD_FLAGS:
+            if family in ONE_NUMBER and value.strip().lower() not in NONE_WORDS:
+                fields[name] = plain_number(flag, value, family)
+            else:
+                fields[name] = threshold_value(value, flag)
+        else:
+            fields[name] = value
+    return fields
+
+
+def name_flags(error: MismatchError, family: str) -> MismatchError:
+    """Add to an error's fix which flags set the config fields it names (the core speaks in field names)."""
+    text = f"{error.message} {error.hint or ''}"
+    named = [f"{flag} sets {field}" for flag, field in _table(family).items()
+             if field not in ("preset",) and re.search(rf"(?<![\w-]){re.escape(field)}(?![\w-])", text)]
+    if named and error.hint:
+        error.hint = f"{error.hint} (on the command line, {'; '.join(named)})"
+    return error
