@@ -8,13 +8,13 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
-from mismatch_cli import __version__
 from mismatch_cli.correction import CorrectionConfig, ResolvedCorrection, resolve
 from mismatch_cli.errors import UsageError
 from mismatch_cli.health import summarize
 from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, iter_batches, sha256_file
 from mismatch_cli.numbers import parse_integer
 from mismatch_cli.report import TOOL_NAME, InputSummary, Report
+from mismatch_cli.version import __version__
 
 # Poisson-bootstrap replicates: every chunk builds [rows, K] weight temporaries of ~12 bytes per cell
 # (1024-row chunks: ~120 MB at K = 10000, measured +130 MB RSS on a 4 M-token dump; a 4096-row block

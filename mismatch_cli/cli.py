@@ -15,9 +15,9 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from mismatch_cli import __version__
 from mismatch_cli.errors import MismatchError, UsageError
 from mismatch_cli.thresholds import RULE_HELP
+from mismatch_cli.version import __version__
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ran, nothing breached; 1 a threshold was breached; 2 usage or configuration "

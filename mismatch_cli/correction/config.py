@@ -1,6 +1,6 @@
 """The correction configuration (`CorrectionConfig`) and `resolve()`, which dispatches to its family.
 
-The public field and report key is `semantics` (as the `--semantics` flag and the `[correction]`
+The public field and report key is `semantics` (as the command line and the `[correction]`
 table spell it); inside the package the same idea is called the family.
 """
 

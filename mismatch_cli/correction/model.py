@@ -114,7 +114,7 @@ class FamilySpec:
     veto: VetoSpec | None = None
     veto_keys: bool = False  # emit rollout_is_veto_fraction / _catastrophic_token_fraction with an IS block
     veto_keys_always: bool = False  # verl 0.6.1 / 0.7.0: emit them (0.0 when off) even without a block
-    offpolicy: str = "verl"  # "verl" (13 keys), "mismatch" (verl 0.6.0's 11), "pack" (xtuner) or "none"
+    offpolicy: str = "rollout_corr"  # verl's 13 keys, "mismatch" (verl 0.6.0's 11), "pack" (xtuner) or "none"
     per_pack: bool = False  # xtuner: metrics per pack (one input file), merged by merge_rollout_is_metrics
     merge_valid_packs_only: bool = False  # xtuner head: the pack merge skips packs with no valid token
     exact_mask: bool = False  # bool-mask arithmetic: no 1e-8 in means, float32 token fractions

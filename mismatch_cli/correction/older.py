@@ -145,7 +145,7 @@ def _verl_old(family: str, fields: dict[str, Any]) -> FamilySpec:
                               hint="give a small positive ratio such as 1e-4, or none to switch the veto off")
         veto = VetoSpec(lower=veto_number)
     return FamilySpec(family, "rollout_corr/", tuple(blocks), veto, veto_keys=True, veto_keys_always=True,
-                      offpolicy="verl", actor_recomputes_offpolicy=True)
+                      offpolicy="rollout_corr", actor_recomputes_offpolicy=True)
 
 
 def _verl_060(fields: dict[str, Any]) -> FamilySpec:

@@ -172,6 +172,6 @@ def resolve_071(values: Mapping[str, Any]) -> ResolvedCorrection:
         normalize = "valid" if values["rollout_is_batch_normalize"] else None
         blocks = (RatioBlockSpec("rollout_is", values["rollout_is"], upper, 1.0 / upper, batch_normalize=normalize),)
     rs_options = _rs_options(values, check_order=False)  # verl 0.7.1 does not check k1 band order
-    spec = FamilySpec("verl-0.7.1", "rollout_corr/", blocks, offpolicy="verl", actor_recomputes_offpolicy=True)
+    spec = FamilySpec("verl-0.7.1", "rollout_corr/", blocks, offpolicy="rollout_corr", actor_recomputes_offpolicy=True)
     return ResolvedCorrection(None, None, False, rs_options=rs_options, k1_bounds=values["k1_bounds"],
                               family_spec=spec)

@@ -367,7 +367,7 @@ class FamilyAccumulator:
         self.pack = PackMismatchBlock(device) if spec.offpolicy == "pack" else None
         self.kept_tokens = 0.0
         self.offpolicy = OffPolicyAccumulator(device, exact_mask=True) if spec.exact_mask and spec.offpolicy in (
-            "verl", "mismatch") else None  # bool-mask arithmetic for verl's per-row means
+            "rollout_corr", "mismatch") else None  # bool-mask arithmetic for verl's per-row means
 
     def update(self, chunk: Chunk) -> None:
         """Fold one chunk into every block."""
@@ -425,7 +425,7 @@ class FamilyAccumulator:
             values, block_notes = block.compute()
             out.update(values)
             notes += block_notes
-        if self.spec.offpolicy == "verl" and offpolicy is not None:
+        if self.spec.offpolicy == "rollout_corr" and offpolicy is not None:
             out.update(offpolicy)
         elif self.spec.offpolicy == "mismatch" and offpolicy is not None:
             out.update({MISMATCH_NAMES[k]: v for k, v in offpolicy.items() if k in MISMATCH_NAMES})
