@@ -15,7 +15,8 @@ from mismatch_cli.correction import ResolvedCorrection
 from mismatch_cli.engine.analysis import BatchAccumulator, BatchResult
 from mismatch_cli.engine.bootstrap import DEFAULT_REPLICATES
 from mismatch_cli.engine.chunk import QUALITY_CATEGORIES, bounded, make_chunk, quality_examples
-from mismatch_cli.engine.family import FamilyAccumulator, merge_xtuner_packs
+from mismatch_cli.engine.family import FamilyAccumulator
+from mismatch_cli.engine.packs import merge_xtuner_packs
 from mismatch_cli.errors import ConfigError, DataError, InputError, UsageError
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
