@@ -6,7 +6,7 @@ import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,10 +14,8 @@ import torch
 from mismatch_cli.batch import Batch
 from mismatch_cli.config import SAFETY_BOUND
 from mismatch_cli.engine.ops import segment_sum
+from mismatch_cli.engine.segments import Runs, find_runs
 from mismatch_cli.engine.state import F64
-
-if TYPE_CHECKING:
-    from mismatch_cli.engine.rounds import Runs
 
 # Fill values such as -9999 (or -1e4, finfo.min) are no log-prob of a sampled token; -9000 also
 # catches -9999 after bf16 rounding (-9984).
@@ -49,8 +47,6 @@ class Chunk:
     @cached_property
     def runs(self) -> Runs:
         """The chunk's rounds (maximal runs of 1s in each row's mask)."""
-        from mismatch_cli.engine.rounds import find_runs
-
         assert self.position_mask is not None and self.offsets is not None
         return find_runs(self.position_mask, self.offsets, self.keep)
 
