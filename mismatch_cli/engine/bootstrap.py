@@ -21,6 +21,7 @@ import torch
 
 from mismatch_cli.config import SAFETY_BOUND
 from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.formulas import chi2
 from mismatch_cli.engine.ops import count_in_segments
 from mismatch_cli.engine.state import F64
 
@@ -171,7 +172,7 @@ class BootstrapAccumulator:
         # rollout_mean - train_mean of verl's log_ppl_diff, from the one cached row sum of old - rollout.
         log_ppl_diff = -log_sum / chunk.row_denominator
         valid = chunk.row_valid.to(F64)
-        rho_sq_seq = torch.exp(2.0 * log_sum.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+        rho_sq_seq = chunk.row_ratio_safe_sq
         columns = [
             tokens,
             torch.ones_like(tokens),
@@ -234,8 +235,8 @@ class BootstrapAccumulator:
             out = {
                 "rollout_corr/kl": f["neg_log_ratio"] / tokens,
                 "rollout_corr/k3_kl": f["k3"] / tokens,
-                "rollout_corr/chi2_token": mean_ratio_sq - 1.0,
-                "rollout_corr/chi2_seq": f["rho_sq_seq"] / rows - 1.0,
+                "rollout_corr/chi2_token": chi2(f["ratio_safe_sq"], tokens),
+                "rollout_corr/chi2_seq": chi2(f["rho_sq_seq"], rows),
                 "rollout_corr/ppl_ratio": f["ppl_ratio"] / rows,
                 "rollout_corr/log_ppl_abs_diff": f["log_ppl_abs_diff"] / rows,
                 "diag/logprob_abs_diff_mean": f["abs_log_ratio"] / valid,

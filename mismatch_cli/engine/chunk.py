@@ -13,6 +13,7 @@ import torch
 
 from mismatch_cli.batch import Batch
 from mismatch_cli.config import SAFETY_BOUND
+from mismatch_cli.engine.formulas import chi2_seq_terms, chi2_token_terms
 from mismatch_cli.engine.ops import segment_sum
 from mismatch_cli.engine.segments import Runs, find_runs
 from mismatch_cli.engine.state import F64
@@ -83,7 +84,12 @@ class Chunk:
     @cached_property
     def ratio_safe_sq(self) -> torch.Tensor:
         """Square of the safety-clamped ratio (verl's chi2_token summand)."""
-        return self.ratio_safe.square()
+        return chi2_token_terms(self.ratio_safe)
+
+    @cached_property
+    def row_ratio_safe_sq(self) -> torch.Tensor:
+        """exp(2 clamp(S_i, -20, 20)) per row, float64 [B] (verl's chi2_seq summand; 1 for an empty row)."""
+        return chi2_seq_terms(self.log_ratio_row_sum)
 
     @cached_property
     def log_ratio_safe(self) -> torch.Tensor:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from mismatch_cli.config import SAFETY_BOUND
 from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.formulas import chi2
 from mismatch_cli.engine.ops import total
 from mismatch_cli.engine.state import Reducer
 
@@ -57,8 +57,7 @@ class OffPolicyAccumulator:
         if chunk.num_rows:
             s.max("log_ppl_diff_max", log_ppl_diff.max())
             s.min("log_ppl_diff_min", log_ppl_diff.min())
-        seq_safe = chunk.log_ratio_row_sum.clamp(-SAFETY_BOUND, SAFETY_BOUND)
-        s.add("sum_rho_sq_seq", torch.exp(2.0 * seq_safe).sum())
+        s.add("sum_rho_sq_seq", chunk.row_ratio_safe_sq.sum())
 
     def merge(self, other: OffPolicyAccumulator) -> None:
         """Fold another accumulator (another shard of the same batch) into this one."""
@@ -82,6 +81,6 @@ class OffPolicyAccumulator:
             "log_ppl_diff_max": s.get("log_ppl_diff_max"),
             "log_ppl_diff_min": s.get("log_ppl_diff_min"),
             "ppl_ratio": s.get("sum_ppl_ratio") / rows,
-            "chi2_token": s.get("sum_rho_sq") / tokens - 1.0,
-            "chi2_seq": s.get("sum_rho_sq_seq") / rows - 1.0,
+            "chi2_token": chi2(s.get("sum_rho_sq"), tokens),
+            "chi2_seq": chi2(s.get("sum_rho_sq_seq"), rows),
         }

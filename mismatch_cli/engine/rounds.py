@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.formulas import chi2
 from mismatch_cli.engine.ops import count_in_segments, repeat_segments, segment_sum
 from mismatch_cli.engine.sketch import NUM_BUCKETS, GroupedSketch, LogSketch
 from mismatch_cli.engine.state import F64
@@ -86,7 +87,7 @@ class RoundTable:
                 "abs_diff_p99": p99[k],
                 "kl": mean("neg_log_ratio_sum"),
                 "k3_kl": mean("k3_sum"),
-                "chi2_token": None if not tokens else f["rho_sq_sum"] / tokens - 1.0,
+                "chi2_token": chi2(f["rho_sq_sum"], tokens) if tokens else None,
                 "ratio_mean": mean("ratio_sum"),
                 "catastrophic_fraction": mean("catastrophic"),
                 "abs_diff_share": f["abs_sum"] / total_abs if total_abs > 0 else None,
