@@ -39,11 +39,12 @@ class Chunk:
     position_mask: np.ndarray | None = None  # [P] the response mask over every position
     offsets: np.ndarray | None = None  # [B+1] row offsets over positions
     keep: np.ndarray | None = None  # [P] valid positions (mask and finite), None when equal to the mask
-    extras: dict[str, Any] = field(default_factory=dict)  # per-token / per-row results shared by families
     source: str = ""  # the file the rows come from
     first_row: int = 0  # row index, within `source`, of the chunk's row 0
     sequence_ids: np.ndarray | None = None  # [B] id column values, when the dump has one
     steps: np.ndarray | None = None  # [B] training step per row, when known
+    # Per-row sums already taken, by the id of the per-token tensor (kept alive with it).
+    _row_sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
 
     @cached_property
     def runs(self) -> Runs:
@@ -124,7 +125,7 @@ class Chunk:
 
     def row_sum(self, values: torch.Tensor) -> torch.Tensor:
         """Per-row float64 sum of per-token values (0 for an empty row), computed once per tensor."""
-        memo = self.extras.setdefault("_row_sums", {})
+        memo = self._row_sums
         hit = memo.get(id(values))
         if hit is not None and hit[0] is values:  # the tensor is kept alive, so its id cannot be reused
             return hit[1]

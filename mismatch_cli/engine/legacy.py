@@ -16,6 +16,7 @@ from mismatch_cli.config import SAFETY_BOUND
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.offpolicy import OffPolicyAccumulator
 from mismatch_cli.engine.ops import total
+from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.sketch import LogSketch
 from mismatch_cli.engine.state import F64, Moments, Reducer, float32_fraction
 from mismatch_cli.legacy import LegacySpec, RatioBlockSpec, VetoSpec, threshold_log
@@ -74,8 +75,8 @@ class RatioBlock:
             log_ratio = torch.where(chunk.row_valid, log_ratio, torch.zeros_like(log_ratio))
         return log_ratio, torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))
 
-    def update(self, chunk: Chunk) -> None:
-        """Fold one chunk in."""
+    def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
+        """Fold one chunk in; an RS block decides which tokens or rows its band rejects."""
         s, spec = self.state, self.spec
         tokens = chunk.row_tokens
         denominator = self.means.row_denominator(tokens)
@@ -97,7 +98,8 @@ class RatioBlock:
             if spec.keep_band is not None:
                 keep = (ratio >= spec.keep_band[0]) & (ratio <= spec.keep_band[1])
                 rejected = ~keep
-                chunk.extras[f"legacy_{spec.prefix}_token_reject"] = rejected
+                if spec.prefix == "rollout_rs":
+                    decisions.decide(legacy_rs_token_reject=rejected)
                 s.add("rejected_tokens", rejected.sum())
                 s.add("rejected_rows", (chunk.row_count(rejected) > 0).sum())
             if spec.batch_normalize:
@@ -124,7 +126,8 @@ class RatioBlock:
             row_mean = ratio * tokens / denominator
             if spec.keep_band is not None:
                 keep = (ratio >= spec.keep_band[0]) & (ratio <= spec.keep_band[1])
-                chunk.extras[f"legacy_{spec.prefix}_row_reject"] = ~keep
+                if spec.prefix == "rollout_rs":
+                    decisions.decide(legacy_rs_row_reject=~keep)
                 s.add("rejected_tokens", ((~keep) * tokens).sum())
                 s.add("rejected_rows", (~keep).sum())  # every row, empty ones included (ratio 1)
             if spec.batch_normalize:
@@ -257,8 +260,8 @@ class VetoBlock:
         self.means = means
         self.state = Reducer(device)
 
-    def update(self, chunk: Chunk) -> None:
-        """Fold one chunk in."""
+    def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
+        """Fold one chunk in and decide which rows the veto drops."""
         s = self.state
         s.add("tokens", float(chunk.num_tokens))
         s.add("rows", float(chunk.num_rows))
@@ -272,7 +275,7 @@ class VetoBlock:
         if self.spec.upper is not None:
             catastrophic |= log_ratio > threshold_log(self.spec.upper)
         vetoed = chunk.row_count(catastrophic) > 0
-        chunk.extras["legacy_vetoed_rows"] = vetoed
+        decisions.decide(vetoed_rows=vetoed)
         s.add("catastrophic", catastrophic.sum())
         s.add("vetoed_rows", vetoed.sum())
 
@@ -355,8 +358,11 @@ MISMATCH_NAMES = {
 }
 
 
-class LegacyAccumulator:
+class LegacyAccumulator(Accumulator):
     """Every block one older family computes, behind update / merge / compute."""
+
+    decides = frozenset({"legacy_rs_row_reject", "legacy_rs_token_reject", "vetoed_rows"})
+    reads = frozenset({"rs_row_reject", "rs_token_reject"})  # with its own, for the tokens it trains on
 
     def __init__(self, spec: LegacySpec, device: torch.device) -> None:
         self.spec = spec
@@ -367,30 +373,30 @@ class LegacyAccumulator:
             self.veto = VetoBlock(spec.veto, means, device)  # always emitted there, 0.0 when off
         self.pack = PackMismatchBlock(device) if spec.offpolicy == "xtuner" else None
         self.kept_tokens = 0.0
-        self.offpolicy = OffPolicyAccumulator(device, exact_mask=True) if spec.exact_mask and spec.offpolicy in (
-            "verl", "mismatch") else None  # bool-mask arithmetic for verl's per-row means
+        # verl's 13 off-policy keys under this family's names (bool-mask arithmetic with an exact mask).
+        self.offpolicy = OffPolicyAccumulator(device, exact_mask=spec.exact_mask) if spec.offpolicy in (
+            "verl", "mismatch") else None
 
-    def update(self, chunk: Chunk) -> None:
-        """Fold one chunk into every block."""
+    def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
+        """Fold one chunk into every block (after verl's RS, whose rejections it counts)."""
         for block in self.blocks:
-            block.update(chunk)
+            block.update(chunk, decisions)
         if self.veto is not None:
-            self.veto.update(chunk)
+            self.veto.update(chunk, decisions)
         if self.pack is not None:
             self.pack.update(chunk)
         if self.offpolicy is not None:
-            self.offpolicy.update(chunk)
-        self.kept_tokens += self._kept_tokens(chunk)
+            self.offpolicy.update(chunk, decisions)
+        self.kept_tokens += self._kept_tokens(chunk, decisions)
 
     @staticmethod
-    def _kept_tokens(chunk: Chunk) -> float:
+    def _kept_tokens(chunk: Chunk, decisions: ChunkDecisions) -> float:
         """Valid tokens that survive the RS mask and the veto (what verl <= 0.7.1 trains on)."""
         lost_rows = torch.zeros(chunk.num_rows, dtype=torch.bool, device=chunk.old.device)
-        for key in ("legacy_rollout_rs_row_reject", "legacy_vetoed_rows", "rs_row_reject"):
-            if key in chunk.extras:
-                lost_rows = lost_rows | chunk.extras[key]
-        token_reject = [chunk.extras[k] for k in ("legacy_rollout_rs_token_reject", "rs_token_reject")
-                        if k in chunk.extras]
+        for rows in (decisions.legacy_rs_row_reject, decisions.vetoed_rows, decisions.rs_row_reject):
+            if rows is not None:
+                lost_rows = lost_rows | rows
+        token_reject = [t for t in (decisions.legacy_rs_token_reject, decisions.rs_token_reject) if t is not None]
         lost_in_row = chunk.row_count(token_reject[0] | token_reject[-1]) if token_reject else 0.0
         kept = torch.where(lost_rows, torch.zeros_like(chunk.row_tokens), chunk.row_tokens - lost_in_row)
         return float(kept.sum().item())
@@ -407,12 +413,11 @@ class LegacyAccumulator:
             self.offpolicy.merge(other.offpolicy)
         self.kept_tokens += other.kept_tokens
 
-    def compute(self, offpolicy: dict[str, float] | None) -> tuple[dict[str, float], list[str]]:
-        """The family's prefixed keys, given verl's 13 off-policy values, and notes."""
+    def compute(self) -> Contribution:
+        """The family's prefixed keys, and notes."""
         out: dict[str, float] = {}
         notes: list[str] = []
-        if self.offpolicy is not None and offpolicy is not None:
-            offpolicy = self.offpolicy.compute()
+        offpolicy = self.offpolicy.values() if self.offpolicy is not None else None
         if self.spec.family in ("verl-0.7.0", "verl-0.6.1", "verl-0.7.1") and self.kept_tokens == 0 and offpolicy:
             notes.append(
                 "RS and the veto reject every sequence: verl <= 0.7.1's legacy actor recomputes the off-policy "
@@ -432,7 +437,7 @@ class LegacyAccumulator:
             out.update({MISMATCH_NAMES[k]: v for k, v in offpolicy.items() if k in MISMATCH_NAMES})
         elif self.pack is not None:
             out.update(self.pack.compute())
-        return {self.spec.prefix + k: v for k, v in out.items()}, notes
+        return Contribution(family={self.spec.prefix + k: v for k, v in out.items()}, notes=notes)
 
 
 def merge_xtuner_packs(packs: list[dict[str, float]], head: bool) -> dict[str, float]:
