@@ -16,6 +16,7 @@ from mismatch_cli.engine.analysis import BatchAccumulator, BatchResult
 from mismatch_cli.engine.bootstrap import DEFAULT_REPLICATES
 from mismatch_cli.engine.chunk import QUALITY_CATEGORIES, bounded, make_chunk, quality_examples
 from mismatch_cli.engine.legacy import LegacyAccumulator, merge_xtuner_packs
+from mismatch_cli.engine.protocol import ChunkDecisions
 from mismatch_cli.errors import ConfigError, DataError, InputError, UsageError
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -158,7 +159,7 @@ class Analysis:
             self.overall.update(chunk)
             if self.xtuner:
                 pack = self.packs.setdefault(batch.source, LegacyAccumulator(self.correction.legacy, self.device))
-                pack.update(chunk)
+                pack.update(chunk, ChunkDecisions())
             stats = self.sources.setdefault(batch.source, SourceStats())
             stats.add(batch.num_rows, chunk.quality)
             wanted = stats.wanted_examples(chunk.quality)
@@ -222,7 +223,7 @@ class Analysis:
             )
         result = self.overall.compute()
         if len(self.packs) > 1:
-            merged = merge_xtuner_packs([pack.compute(None)[0] for pack in self.packs.values()],
+            merged = merge_xtuner_packs([pack.compute().family for pack in self.packs.values()],
                                         head=correction.legacy.family == "xtuner")
             result.metrics = {k: v for k, v in result.metrics.items() if not k.startswith(correction.legacy.prefix)}
             result.metrics.update({k: v if math.isfinite(v) else None for k, v in merged.items()})
