@@ -9,24 +9,12 @@ from pathlib import Path
 
 import pytest
 from adversarial.conftest import ROOT, assert_clean_failure, mismatch
-from typer.testing import CliRunner
+from adversarial.guard_helpers import error_line, invoke
 
-from mismatch_cli.cli import app
 from mismatch_cli.errors import InputError, UsageError
 from mismatch_cli.io import sha256_file
 
 SAMPLE = ROOT / "sample_data" / "single_turn.parquet"
-runner = CliRunner()
-
-
-def _invoke(*args: object):
-    return runner.invoke(app, [str(a) for a in args], env={"MISMATCH_DEBUG": None, "NO_COLOR": "1"})
-
-
-def _error_line(result) -> str:
-    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, result.output
-    return lines[0]
 
 
 @pytest.mark.parametrize(("code", "cause"), [
@@ -115,9 +103,9 @@ def test_permission_denied_on_an_input_file(tmp_path: Path, deny, suffix: str) -
     path = tmp_path / f"rank_0{suffix}"
     shutil.copy(SAMPLE, path)
     deny(path)
-    result = _invoke("analyze", path, "--device", "cpu")
+    result = invoke("analyze", path, "--device", "cpu")
     assert result.exit_code == 3, result.output
-    line = _error_line(result)
+    line = error_line(result)
     assert str(path) in line and "permission denied" in line
     assert "truncated" not in line and "no such file" not in line and "cannot tell the format" not in line
 
@@ -129,9 +117,9 @@ def test_an_unreadable_dump_in_a_folder_is_reported_not_skipped(tmp_path: Path, 
     path.parent.mkdir(exist_ok=True)
     path.write_bytes(b"\x80 pretend")
     deny(path)
-    result = _invoke("analyze", tmp_path, "--device", "cpu")
+    result = invoke("analyze", tmp_path, "--device", "cpu")
     assert result.exit_code == 3, result.output
-    assert "permission denied" in _error_line(result) and name in _error_line(result)
+    assert "permission denied" in error_line(result) and name in error_line(result)
 
 
 def test_an_unreadable_subfolder_is_reported_not_skipped(tmp_path: Path, deny) -> None:
@@ -139,9 +127,9 @@ def test_an_unreadable_subfolder_is_reported_not_skipped(tmp_path: Path, deny) -
     (tmp_path / "more").mkdir()
     shutil.copy(SAMPLE, tmp_path / "more" / "b.parquet")
     deny(tmp_path / "more")
-    result = _invoke("analyze", tmp_path, "--device", "cpu")
+    result = invoke("analyze", tmp_path, "--device", "cpu")
     assert result.exit_code == 3, result.output
-    assert "permission denied" in _error_line(result) and "more" in _error_line(result)
+    assert "permission denied" in error_line(result) and "more" in error_line(result)
 
 
 def test_hashing_a_folder_says_it_is_one(tmp_path: Path) -> None:

@@ -14,14 +14,12 @@ from pathlib import Path
 
 import pytest
 from adversarial.conftest import ROOT, assert_clean_failure, mismatch, snapshot
-from typer.testing import CliRunner
+from adversarial.guard_helpers import error_line, invoke
 
-from mismatch_cli.cli import app
 from mismatch_cli.errors import UsageError
 
 SAMPLE = ROOT / "sample_data" / "single_turn.parquet"
 RULE = "rollout_corr/kl<=1"
-runner = CliRunner()
 
 
 @pytest.fixture
@@ -30,16 +28,6 @@ def dump(tmp_path: Path) -> Path:
     path.parent.mkdir()
     shutil.copy(SAMPLE, path)
     return path
-
-
-def _invoke(*args: object):
-    return runner.invoke(app, [str(a) for a in args], env={"MISMATCH_DEBUG": None, "NO_COLOR": "1"})
-
-
-def _error_line(result) -> str:
-    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, result.output
-    return lines[0]
 
 
 # ------------------------------------------------------------------------------------ inputs are never outputs
@@ -166,6 +154,19 @@ def _old_out_dir(tmp_path: Path) -> Path:
     return out
 
 
+def _fail_nth_temp_file(monkeypatch: pytest.MonkeyPatch, nth: int) -> None:
+    """The nth temporary file of the run cannot be created: the disk is full."""
+    real, calls = tempfile.mkstemp, []
+
+    def fails(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == nth:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", fails)
+
+
 def test_out_dir_with_an_unwritable_later_file_writes_nothing(dump: Path, tmp_path: Path) -> None:
     out = _old_out_dir(tmp_path)
     (out / "report.html").mkdir()  # report.html cannot be written: before, report.json and the plots were
@@ -179,36 +180,18 @@ def test_out_dir_with_an_unwritable_later_file_writes_nothing(dump: Path, tmp_pa
 def test_out_dir_failing_midway_rolls_back(dump: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = _old_out_dir(tmp_path)
     before = snapshot(out)
-    real = tempfile.mkstemp
-    calls = []
-
-    def third_fails(*args, **kwargs):
-        calls.append(args)
-        if len(calls) == 3:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(tempfile, "mkstemp", third_fails)
-    result = _invoke("analyze", dump, "--out-dir", out, "--device", "cpu")
+    _fail_nth_temp_file(monkeypatch, 3)
+    result = invoke("analyze", dump, "--out-dir", out, "--device", "cpu")
     assert result.exit_code == 2, result.output
-    assert "no space left" in _error_line(result)
+    assert "no space left" in error_line(result)
     assert snapshot(out) == before, "the out-dir was changed although the write failed"
 
 
 def test_a_new_out_dir_is_removed_when_a_write_fails(dump: Path, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "new" / "out"
-    real = tempfile.mkstemp
-    calls = []
-
-    def second_fails(*args, **kwargs):
-        calls.append(args)
-        if len(calls) == 2:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(tempfile, "mkstemp", second_fails)
-    result = _invoke("analyze", dump, "--out-dir", out, "--device", "cpu")
+    _fail_nth_temp_file(monkeypatch, 2)
+    result = invoke("analyze", dump, "--out-dir", out, "--device", "cpu")
     assert result.exit_code == 2, result.output
     assert not (tmp_path / "new").exists()
 
@@ -258,9 +241,9 @@ def test_synth_leaves_no_partial_dump(tmp_path: Path, monkeypatch: pytest.Monkey
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(synth, "_write_parquet", dies)
-    result = _invoke("synth", tmp_path / "x.parquet", "--tokens", "1000")
+    result = invoke("synth", tmp_path / "x.parquet", "--tokens", "1000")
     assert result.exit_code == 2, result.output
-    assert "no space left" in _error_line(result)
+    assert "no space left" in error_line(result)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -302,9 +285,9 @@ def test_permission_denied_on_an_output(dump: Path, tmp_path: Path, monkeypatch:
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
     monkeypatch.setattr(tempfile, "mkstemp", denied)
-    result = _invoke("analyze", dump, "-o", tmp_path / "report.txt", "--device", "cpu")
+    result = invoke("analyze", dump, "-o", tmp_path / "report.txt", "--device", "cpu")
     assert result.exit_code == 2, result.output
-    line = _error_line(result)
+    line = error_line(result)
     assert "report.txt" in line and "permission denied" in line and "fix:" in line
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from adversarial.conftest import ROOT, snapshot
+from adversarial.guard_helpers import subprocess_env
 
 RULE = "rollout_corr/kl<=1"
 
@@ -21,14 +22,8 @@ def dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("signal_input")
     path = folder / "dump.parquet"
     subprocess.run([sys.executable, "-m", "mismatch_cli", "synth", str(path), "--tokens", "4000000", "--steps", "2"],
-                   check=True, capture_output=True, timeout=120, env=_env(), cwd=ROOT)
+                   check=True, capture_output=True, timeout=120, env=subprocess_env(), cwd=ROOT)
     return path
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("MISMATCH_DEBUG", "FORCE_COLOR")}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 def _started(pid: int, work: Path, dump: Path, temp: bool) -> bool:
@@ -57,7 +52,7 @@ def _interrupt(work: Path, dump: Path, command: str, signum: int, ignore_sigint:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     proc = subprocess.Popen([sys.executable, "-m", "mismatch_cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env(), cwd=work,
+                            stderr=subprocess.PIPE, text=True, env=subprocess_env(), cwd=work,
                             preexec_fn=ignore if ignore_sigint else None)
     try:
         deadline = time.monotonic() + 60
