@@ -98,6 +98,21 @@ def _split_rows(batch: Batch, keys: np.ndarray) -> list[tuple[Any, Batch]]:
     return [(label, batch.select_rows(inverse == i)) for i, label in enumerate(labels)]
 
 
+def _check_group_count(column: str, known: dict[Any, Any], keys: np.ndarray) -> None:
+    """UsageError when this batch would take `--by column` past MAX_GROUPS, before any row is split off."""
+    unique = np.unique(keys)
+    if len(known) + len(unique) <= MAX_GROUPS:
+        return
+    new = len(unique) if len(unique) > MAX_GROUPS else sum(
+        (u.item() if isinstance(u, np.generic) else u) not in known for u in unique)
+    if len(known) + new > MAX_GROUPS:
+        raise UsageError(
+            f"--by {column}: more than {MAX_GROUPS} distinct values, each of which would be analyzed as its own "
+            "batch",
+            hint="group by a column with fewer distinct values (e.g. env_name, data_source, step)",
+        )
+
+
 def _group_keys(batch: Batch, column: str) -> np.ndarray:
     values = batch.groups.get(column)
     if values is None:
@@ -173,15 +188,10 @@ class Analysis:
                                                                                       compute_dtype))
             for column in self.group_by:
                 accumulators = self.per_group[column]
-                for label, part in _split_rows(batch, _group_keys(batch, column)):
+                keys = _group_keys(batch, column)
+                _check_group_count(column, accumulators, keys)
+                for label, part in _split_rows(batch, keys):
                     if label not in accumulators:
-                        if len(accumulators) >= MAX_GROUPS:
-                            raise UsageError(
-                                f"--by {column}: more than {MAX_GROUPS} distinct values, each of which would be "
-                                "analyzed as its own batch",
-                                hint="group by a column with fewer distinct values (e.g. env_name, data_source, "
-                                "step)",
-                            )
                         accumulators[label] = self._breakdown()
                     accumulators[label].update(chunk if part is batch else make_chunk(part, self.device,
                                                                                       compute_dtype))
