@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
@@ -11,7 +11,8 @@ from typing import Any
 from mismatch_cli.correction import CorrectionConfig, ResolvedCorrection, resolve
 from mismatch_cli.errors import UsageError
 from mismatch_cli.health import summarize
-from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, iter_batches, sha256_file
+from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, iter_batches
+from mismatch_cli.io.parallel import BackgroundHashes
 from mismatch_cli.numbers import parse_integer
 from mismatch_cli.report import TOOL_NAME, InputSummary, Report
 from mismatch_cli.version import __version__
@@ -76,24 +77,28 @@ def analyze(
                                                                                  *group_by])))
     bootstrap = check_bootstrap(bootstrap)
     files = discover_inputs(paths, read_options.input_format)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        # Hash in the background: hashlib releases the GIL, so this overlaps with decoding.
-        hashes = {f.path: pool.submit(sha256_file, f.path) for f in files} if hash_inputs else {}
-        names = tuple(f.path for f in files)
+    # Hash in the background: hashlib releases the GIL, so this overlaps with decoding.
+    hashes = BackgroundHashes([f.path for f in files]) if hash_inputs else None
+    names = tuple(f.path for f in files)
+    try:
         if engine == "ray":
             from mismatch_cli.engine.distributed import run_on_ray
 
             result = run_on_ray(files, read_options, resolved, dtype=dtype, by_step=by_step, rounds=rounds,
                                 group_by=group_by, bootstrap=bootstrap, address=ray_address, source_names=names)
         elif engine == "local":
-            batches = iter_batches(files, read_options, workers=read_workers)
-            if on_batch is not None:
-                batches = _observed(batches, on_batch)
-            result = run(batches, resolved, device=device, dtype=dtype, by_step=by_step, source_names=names,
-                         rounds=rounds, group_by=group_by, bootstrap=bootstrap)
+            # closing(): an error in the engine stops the read-ahead threads now, not when the iterator is collected.
+            with closing(iter_batches(files, read_options, workers=read_workers)) as batches:
+                observed = _observed(batches, on_batch) if on_batch is not None else batches
+                result = run(observed, resolved, device=device, dtype=dtype, by_step=by_step, source_names=names,
+                             rounds=rounds, group_by=group_by, bootstrap=bootstrap)
         else:
             raise UsageError(f"unknown engine '{engine}'", hint="use local or ray")
-        digests = {path: future.result() for path, future in hashes.items()}
+    except BaseException:
+        if hashes is not None:
+            hashes.cancel()
+        raise
+    digests = hashes.result() if hashes is not None else {}
     return build_report(files, digests, result, correction, resolved, by_step, group_by=group_by)
 
 

@@ -6,7 +6,6 @@ import enum
 import functools
 import os
 import sys
-import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -16,12 +15,26 @@ import typer
 from rich.console import Console
 
 from mismatch_cli.errors import MismatchError, UsageError
+from mismatch_cli.guard import (
+    EXIT_SIGINT,
+    EXIT_SIGPIPE,
+    EXIT_SIGTERM,
+    StdoutClosed,
+    Terminated,
+    flush_stdout,
+    guarded_stdout,
+    raise_pending,
+    signals_raise,
+    silence_stdout,
+)
+from mismatch_cli.output import Outputs
 from mismatch_cli.thresholds import RULE_HELP
 from mismatch_cli.version import __version__
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ran, nothing breached; 1 a threshold was breached; 2 usage or configuration "
-    "error; 3 input or data error; 4 internal error (MISMATCH_DEBUG=1 shows the traceback)."
+    "error; 3 input or data error; 4 internal error (MISMATCH_DEBUG=1 shows the traceback); 130 / 143 stopped by "
+    "SIGINT / SIGTERM (no file written); 141 standard output closed (e.g. `| head`)."
 )
 
 app = typer.Typer(
@@ -50,29 +63,48 @@ def _guard(command: F) -> F:
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         debug = os.environ.get("MISMATCH_DEBUG") == "1"
-        try:
-            return command(*args, **kwargs)
-        except typer.Exit:
-            raise
-        except MismatchError as exc:
-            if debug:
-                traceback.print_exc()
-            _stderr().print(f"error: {exc}", markup=False)
-            raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
-            _stderr().print("interrupted", markup=False)
-            raise typer.Exit(130) from None
-        except Exception as exc:  # noqa: BLE001 - the one place an unexpected error becomes exit 4
-            if debug:
-                traceback.print_exc()
-            _stderr().print(
-                f"internal error: {type(exc).__name__}: {exc}; fix: re-run with MISMATCH_DEBUG=1 for the "
-                "traceback and report it",
-                markup=False,
-            )
-            raise typer.Exit(4) from None
+        with guarded_stdout(), signals_raise():
+            return _guarded(command, args, kwargs, debug)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _guarded(command: Callable[..., Any], args: Any, kwargs: Any, debug: bool) -> Any:
+    try:
+        try:
+            result = command(*args, **kwargs)
+        except typer.Exit:
+            raise_pending()
+            flush_stdout()  # a closed pipe or a full disk shows here, not in the interpreter's final flush
+            raise
+        raise_pending()
+        flush_stdout()
+        return result
+    except typer.Exit:
+        raise
+    except StdoutClosed:
+        silence_stdout()  # the reader went away (`| head`): no breach, no message
+        raise typer.Exit(EXIT_SIGPIPE) from None
+    except MismatchError as exc:
+        if debug:
+            traceback.print_exc()
+        _stderr().print(f"error: {exc}", markup=False)
+        raise typer.Exit(exc.exit_code) from None
+    except Terminated:
+        _stderr().print("terminated (SIGTERM): stopped, no file written", markup=False)
+        raise typer.Exit(EXIT_SIGTERM) from None
+    except KeyboardInterrupt:
+        _stderr().print("interrupted (SIGINT): stopped, no file written", markup=False)
+        raise typer.Exit(EXIT_SIGINT) from None
+    except Exception as exc:  # noqa: BLE001 - the one place an unexpected error becomes exit 4
+        if debug:
+            traceback.print_exc()
+        _stderr().print(
+            f"internal error: {type(exc).__name__}: {exc}; fix: re-run with MISMATCH_DEBUG=1 for the "
+            "traceback and report it",
+            markup=False,
+        )
+        raise typer.Exit(4) from None
 
 
 class OutputFormat(str, enum.Enum):
@@ -213,30 +245,6 @@ def _load_config_table(path: Path | None) -> dict[str, Any]:
     from mismatch_cli.tomlconfig import load_table
 
     return {} if path is None else load_table(path, "correction")
-
-
-def _check_writable_dir(directory: Path, flag: str) -> None:
-    if directory.exists() and not directory.is_dir():
-        raise UsageError(f"{flag} {directory} exists and is not a directory", hint=f"pass a directory to {flag}")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write a file so that a reader never sees it half-written."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror}", hint="choose a writable output path") from None
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 InputsArg = Annotated[
@@ -426,10 +434,7 @@ def analyze(
                     "--veto-threshold": veto_threshold, "--mask-dtype": mask_dtype.value if mask_dtype else None}
     correction = _correction(config, preset, is_level, is_threshold, is_batch_normalize, rs, rs_threshold,
                              k1_bounds, semantics, family_flags)
-    if out_dir is not None:
-        _check_writable_dir(out_dir, "--out-dir")
-    if output is not None and output != "-" and Path(output).is_dir():
-        raise UsageError(f"-o {output} is a directory", hint="give a file name, or use --out-dir for a directory")
+    outputs = _planned_outputs([*inputs, config], out_dir, output)
     read_options = ReadOptions(columns=_parse_columns(column), no_mask=no_mask, input_format=input_format.value)
     from mismatch_cli.render.progress import reading_progress
 
@@ -452,17 +457,20 @@ def analyze(
     if out_dir is not None and not no_plots:
         # Rendered before anything is written, so a failure leaves no partial output.
         from mismatch_cli.render.html import render_html
-        from mismatch_cli.render.plots import render_plots, write_files
+        from mismatch_cli.render.plots import render_plots
 
         figures = render_plots(report)
         page = render_html(report, figures)
+    outputs.protect(entry.path for entry in report.inputs)  # files found in input folders
     if out_dir is not None:
-        _write_atomic(out_dir / "report.json", report.to_json())
+        outputs.add(out_dir / "report.json", report.to_json(), "--out-dir")
         if not no_plots:
-            write_files(out_dir, {**figures, "report.html": page.encode("utf-8")})
+            for name, data in {**figures, "report.html": page}.items():
+                outputs.add(out_dir / name, data, "--out-dir")
     if output is not None and output != "-":
-        _write_atomic(Path(output), rendered)
-    else:
+        outputs.add(output, rendered, "-o")
+    outputs.commit()
+    if output is None or output == "-":
         _print_rendered(report, output_format, rendered, quiet)
     err = _stderr()
     if not quiet:
@@ -476,6 +484,16 @@ def analyze(
                           f"({', '.join(figures) or 'none'})", markup=False)
         if output is not None and output != "-":
             err.print(f"wrote {output}", markup=False)
+
+
+def _planned_outputs(inputs: list[Any], out_dir: Path | None, output: str | None) -> Outputs:
+    """The command's outputs, refused now (before any work) when they cannot be written or would hit an input."""
+    outputs = Outputs(inputs)
+    if out_dir is not None:
+        outputs.check_dir(out_dir, "--out-dir")
+    if output is not None and output != "-":
+        outputs.check(output, "-o")
+    return outputs
 
 
 def _render(report: Any, output_format: OutputFormat, quiet: bool = False) -> str:
@@ -707,17 +725,14 @@ def compare(
     from mismatch_cli.render.compare import (
         render_compare_json,
         render_compare_markdown,
+        render_compare_plots,
         render_compare_table,
-        write_compare_plots,
     )
 
     correction = _correction(config, preset, is_level, is_threshold, is_batch_normalize, rs, rs_threshold,
                              k1_bounds)
     _, rules, policy = _rules(config, fail_on, missing)
-    if out_dir is not None:
-        _check_writable_dir(out_dir, "--out-dir")
-    if output is not None and output != "-" and Path(output).is_dir():
-        raise UsageError(f"-o {output} is a directory", hint="give a file name, or use --out-dir for a directory")
+    outputs = _planned_outputs([base, candidate, config], out_dir, output)
     analyze_side = _analyzer(correction, column, no_mask, device, dtype, bootstrap, input_format)
     base_report, base_is_report = load_side(base, analyze_side)
     candidate_report, candidate_is_report = load_side(candidate, analyze_side)
@@ -736,21 +751,26 @@ def compare(
         rendered = render_compare_markdown(comparison)
     else:
         rendered = _console_text(lambda console: render_compare_table(comparison, console))
+    for report in (base_report, candidate_report):
+        outputs.protect(entry.path for entry in report.inputs)
     if out_dir is not None:
-        _write_atomic(out_dir / "compare.json", render_compare_json(comparison))
-        _write_atomic(out_dir / "compare.md", render_compare_markdown(comparison))
+        outputs.add(out_dir / "compare.json", render_compare_json(comparison), "--out-dir")
+        outputs.add(out_dir / "compare.md", render_compare_markdown(comparison), "--out-dir")
         for name, report, is_report in (("base", base_report, base_is_report),
                                         ("candidate", candidate_report, candidate_is_report)):
             if not is_report:
-                _write_atomic(out_dir / f"{name}_report.json", report.to_json())
+                outputs.add(out_dir / f"{name}_report.json", report.to_json(), "--out-dir")
         if not no_plots:
-            write_compare_plots(comparison, base_report, candidate_report, out_dir)
+            for name, data in render_compare_plots(comparison, base_report, candidate_report).items():
+                outputs.add(out_dir / name, data, "--out-dir")
     if output is not None and output != "-":
-        _write_atomic(Path(output), rendered)
-    elif output_format is OutputFormat.table:
-        render_compare_table(comparison, Console(highlight=False))
-    else:
-        sys.stdout.write(rendered)
+        outputs.add(output, rendered, "-o")
+    outputs.commit()
+    if output is None or output == "-":
+        if output_format is OutputFormat.table:
+            render_compare_table(comparison, Console(highlight=False))
+        else:
+            sys.stdout.write(rendered)
     if not quiet:
         err = _stderr()
         if out_dir is not None:
@@ -795,6 +815,7 @@ def check(
 ) -> None:
     """The CI gate: hold a dump (or report) to limits; exit 1 on a breach, 2 on a bad rule, 3 on bad input."""
     from mismatch_cli.compare import is_report_path, load_side
+    from mismatch_cli.output import append_text
     from mismatch_cli.render.compare import render_check_markdown, render_check_table
     from mismatch_cli.render.github import annotations, step_summary
     from mismatch_cli.render.junit import render_junit
@@ -804,22 +825,23 @@ def check(
     label = " ".join(inputs)
     github_on = github is GithubMode.on or (github is GithubMode.auto and os.environ.get("GITHUB_ACTIONS") == "true")
     err = _stderr()
+    outputs = Outputs([*inputs, baseline, config])
+    if junit_xml is not None:
+        outputs.check(junit_xml, "--junit-xml")  # before the try: a broken --junit-xml cannot report itself
 
     def publish(result: CheckResult, baseline_label: str | None) -> None:
         # Every file first, so CI sees them whatever the exit code.
         if junit_xml is not None:
-            _write_atomic(junit_xml, render_junit(result, label))
+            outputs.add(junit_xml, render_junit(result, label), "--junit-xml")
+        outputs.commit()
         if github_on:
             for line in annotations(result):
                 err.print(line, markup=False, highlight=False, soft_wrap=True)
             summary = os.environ.get("GITHUB_STEP_SUMMARY")
             if summary:
-                try:
-                    with open(summary, "a") as handle:
-                        handle.write(step_summary(result, label, baseline_label) + "\n")
-                except OSError as exc:
-                    err.print(f"warning: cannot append to GITHUB_STEP_SUMMARY {summary}: {exc.strerror}",
-                              markup=False)
+                problem = append_text(summary, step_summary(result, label, baseline_label) + "\n")
+                if problem:
+                    err.print(f"warning: GITHUB_STEP_SUMMARY: {problem}", markup=False)
 
     try:
         correction = _correction(config, preset, is_level, is_threshold, is_batch_normalize, rs, rs_threshold,
@@ -830,7 +852,7 @@ def check(
             raise UsageError("no rules to check", hint="pass --fail-on RULE or a --config with a [check] table")
         require_baseline(rules, baseline)
         if out_dir is not None:
-            _check_writable_dir(out_dir, "--out-dir")
+            outputs.check_dir(out_dir, "--out-dir")
         analyze_side = _analyzer(correction, column, no_mask, device, dtype, bootstrap, input_format)
         if len(inputs) == 1 and is_report_path(inputs[0]):
             candidate, _ = load_side(inputs[0], analyze_side)
@@ -844,8 +866,9 @@ def check(
         publish(failed, baseline)
         raise
     result = evaluate(rules, candidate, baseline_report, policy)
+    outputs.protect(entry.path for report in (candidate, baseline_report) if report for entry in report.inputs)
     if out_dir is not None:
-        _write_atomic(out_dir / "report.json", candidate.to_json())
+        outputs.add(out_dir / "report.json", candidate.to_json(), "--out-dir")
     publish(result, baseline)
     title = f"mismatch check: {label}" + (f" (baseline {baseline})" if baseline else "")
     if output_format is OutputFormat.json:
@@ -908,8 +931,23 @@ def convert(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: the guards of `_guard` also cover --help, --version and argument parsing."""
+    with guarded_stdout(), signals_raise():
+        try:
+            try:
+                app()
+            finally:
+                flush_stdout()
+        except StdoutClosed:
+            silence_stdout()
+            sys.exit(EXIT_SIGPIPE)
+        except MismatchError as exc:
+            _stderr().print(f"error: {exc}", markup=False)
+            sys.exit(exc.exit_code)
+        except Terminated:
+            sys.exit(EXIT_SIGTERM)
+        except KeyboardInterrupt:
+            sys.exit(EXIT_SIGINT)
 
 
 if __name__ == "__main__":

@@ -5,14 +5,13 @@ One row per sequence: `old_log_probs`, `rollout_log_probs` (list of float32 or f
 has sequence ids, and the group columns the readers attach (prime-rl's `env_name`, `--keep COLUMN`).
 Values are copied as they are (NaN, sentinels and padding included), so analyzing the converted
 file gives the same numbers as analyzing the original. Memory is bounded by one reader chunk; the
-file appears only once complete (written under a temporary name, then renamed).
+file appears only once complete (written under a temporary name, then renamed; `output.streamed_file`).
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import pyarrow.parquet as pq
 from mismatch_cli.batch import Batch
 from mismatch_cli.errors import DataError, UsageError
 from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, iter_batches
+from mismatch_cli.output import streamed_file
 
 FLOAT_TYPES = {"float32": (pa.float32(), np.float32), "float64": (pa.float64(), np.float64)}
 ROLE_COLUMNS = ("old_log_probs", "rollout_log_probs", "response_mask")
@@ -127,53 +127,35 @@ def convert(
     options = read_options or ReadOptions()
     files = discover_inputs(paths, options.input_format)
     target = Path(output)
-    if target.is_dir():
-        raise UsageError(f"-o {target} is a directory", hint="give a file name such as out.parquet")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        os.close(fd)
-    except OSError as exc:
-        raise UsageError(f"cannot write {target}: {exc.strerror}", hint="choose a writable output path") from None
     summary = ConvertSummary(path=str(target), inputs=files, columns=[])
     writer: pq.ParquetWriter | None = None
-    try:
-        for batch in iter_batches(files, options):
-            if batch.num_rows == 0:
-                continue
+    with streamed_file(target, "-o", inputs=[f.path for f in files]) as tmp:
+        try:
+            for batch in iter_batches(files, options):
+                if batch.num_rows == 0:
+                    continue
+                if writer is None:
+                    schema = _schema(batch, float_type)
+                    summary.columns = schema.names
+                    writer = pq.ParquetWriter(tmp, schema, compression="zstd", write_page_checksum=True)
+                writer.write_batch(_record_batch(batch, schema, float_type, float_np))
+                _, counts = quality_counts(batch.old_log_probs, batch.rollout_log_probs, batch.response_mask)
+                summary.sequences += batch.num_rows
+                summary.positions += batch.num_positions
+                summary.valid_tokens += counts["masked_tokens"] - sum(counts[c] for c in EXCLUDED_CATEGORIES)
+                for key, value in counts.items():
+                    summary.quality[key] = summary.quality.get(key, 0) + value
             if writer is None:
-                schema = _schema(batch, float_type)
-                summary.columns = schema.names
-                writer = pq.ParquetWriter(tmp, schema, compression="zstd", write_page_checksum=True)
-            writer.write_batch(_record_batch(batch, schema, float_type, float_np))
-            _, counts = quality_counts(batch.old_log_probs, batch.rollout_log_probs, batch.response_mask)
-            summary.sequences += batch.num_rows
-            summary.positions += batch.num_positions
-            summary.valid_tokens += counts["masked_tokens"] - sum(counts[c] for c in EXCLUDED_CATEGORIES)
-            for key, value in counts.items():
-                summary.quality[key] = summary.quality.get(key, 0) + value
-        if writer is None:
-            raise DataError(
-                f"the input has no rows ({', '.join(f.path for f in files)})",
-                hint="check that the dump files are not empty",
-            )
-        writer.close()
-        writer = None
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; the result gets the usual permissions
-        os.replace(tmp, target)
-    except BaseException as exc:
-        if writer is not None:
-            try:
-                writer.close()
-            except Exception:  # noqa: BLE001 - the original error is the one to report
-                pass
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError):  # the readers turn their own OSErrors into InputErrors
-            raise UsageError(f"cannot write {target}: {exc.strerror or exc}", hint="choose a writable output path "
-                             "with enough free space") from None
-        raise
+                raise DataError(
+                    f"the input has no rows ({', '.join(f.path for f in files)})",
+                    hint="check that the dump files are not empty",
+                )
+            writer.close()
+        except BaseException:
+            if writer is not None:
+                with suppress(Exception):  # the original error is the one to report
+                    writer.close()
+            raise
     for f in files:
         summary.warnings.extend(f"{f.path}: {note}" for note in f.notes)
     for key, text in QUALITY_NOTES.items():

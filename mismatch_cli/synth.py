@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mismatch_cli.errors import UsageError
+from mismatch_cli.output import streamed_file
 
 FORMATS = ("parquet", "safetensors")
 LAYOUTS = ("padded", "packed")
@@ -139,10 +140,11 @@ def write_synthetic_dump(path: str | Path, spec: SynthSpec) -> SynthSummary:
     _validate(spec)
     path = Path(path)
     row_positions, row_tokens = _plan(spec)
-    if spec.format == "parquet":
-        _write_parquet(path, spec, row_positions)
-    else:
-        _write_safetensors(path, spec, row_positions)
+    with streamed_file(path, "") as tmp:  # the dump appears only once complete
+        if spec.format == "parquet":
+            _write_parquet(Path(tmp), spec, row_positions)
+        else:
+            _write_safetensors(Path(tmp), spec, row_positions)
     return SynthSummary(
         path=str(path),
         sequences=len(row_positions),
@@ -431,7 +433,7 @@ def _write_safetensors(path: Path, spec: SynthSpec, row_positions: np.ndarray) -
     header_bytes += b" " * (-(8 + len(header_bytes)) % 8)  # data starts 8-byte aligned
     data_start = 8 + len(header_bytes)
 
-    with path.open("wb") as file:
+    with path.open("wb") as file:  # path: the temporary file output.streamed_file gave write_synthetic_dump
         file.write(struct.pack("<Q", len(header_bytes)))
         file.write(header_bytes)
         file.truncate(data_start + cursor)

@@ -25,7 +25,6 @@ from mismatch_cli.cli import app
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "sample_data" / "single_turn.parquet"
 PACKED = ROOT / "sample_data" / "packed.safetensors"
-README = ROOT / "README.md"
 
 OFFPOLICY_KEYS = {
     "rollout_corr/" + k
@@ -667,7 +666,7 @@ def test_no_color_on_a_forced_terminal(warning_dump):
     assert not _color_codes(result.stdout)
 
 
-# ------------------------------------------------------------------------------------ import, README
+# ------------------------------------------------------------------------------------ import
 
 
 def test_help_does_not_import_torch():
@@ -686,33 +685,6 @@ def test_help_does_not_import_torch():
     assert proc.returncode == 0, proc.stderr
     assert "Exit codes" in proc.stdout  # the help really ran
     assert proc.stdout.strip().splitlines()[-1] == "False"
-
-
-def _documented_names() -> list[str]:
-    command = typer.main.get_command(app)
-    names = []
-    for name in ("analyze", "presets", "synth"):
-        names.append(name)
-        for param in command.commands[name].params:
-            names.extend(o for o in [*param.opts, *getattr(param, "secondary_opts", [])] if o.startswith("--"))
-    return names
-
-
-@pytest.mark.skipif(not README.exists(), reason="README.md is not written yet")
-def test_readme_documents_every_command_and_option():
-    text = README.read_text()
-    # Whole names only: `--is` must appear by itself, not just inside `--is-threshold`.
-    missing = [name for name in _documented_names() if not re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text)]
-    assert not missing, f"README.md does not mention: {missing}"
-    for code in range(5):
-        assert re.search(rf"\b{code}\b", text)
-
-
-def test_documented_names_are_read_from_the_app():
-    """The README test checks real names (guards against an empty list that would always pass)."""
-    names = _documented_names()
-    assert {"analyze", "presets", "synth", "--is-threshold", "--out-dir", "--tokens", "--format"} <= set(names)
-
 
 
 def test_multi_turn_sample_shows_rounds():

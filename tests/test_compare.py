@@ -10,7 +10,7 @@ import pytest
 from test_check import assert_exit, invoke, make_dump
 
 from mismatch_cli.compare import HIGHER, LOWER, LOWER_ABS, compare_reports, direction_of
-from mismatch_cli.render.compare import write_compare_plots
+from mismatch_cli.render.compare import render_compare_plots
 from mismatch_cli.report import Report
 
 
@@ -202,6 +202,6 @@ def test_overlaid_histogram_plot(tmp_path: Path) -> None:
                       histograms={"log_ratio": {"edges": [1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0], "negative": counts,
                                                 "positive": counts, "zero": 3}})
     base, candidate = report(1.0), report(2.0)
-    written = write_compare_plots(compare_reports(base, candidate), base, candidate, tmp_path)
-    assert tmp_path / "compare_log_ratio_hist.png" in written
-    assert all(p.stat().st_size > 1000 for p in written)
+    written = render_compare_plots(compare_reports(base, candidate), base, candidate)
+    assert "compare_log_ratio_hist.png" in written
+    assert all(data.startswith(b"\x89PNG") and len(data) > 1000 for data in written.values())

@@ -76,7 +76,9 @@ def test_every_relative_link_and_anchor_resolves(page: Path):
 
 def test_reference_pages_exist_and_are_linked_from_the_readme():
     readme = (ROOT / "README.md").read_text()
-    for name in ("docs/verl-semantics.md", "docs/legacy-semantics.md", "docs/formats.md", "tests/data/README.md"):
+    pages = ("commands", "report", "ci", "formats", "metrics", "python-api", "performance", "architecture",
+             "verl-semantics", "legacy-semantics")
+    for name in (*(f"docs/{page}.md" for page in pages), "tests/data/README.md"):
         assert (ROOT / name).exists(), name
         assert f"]({name})" in readme, f"README.md does not link {name}"
 

@@ -21,7 +21,9 @@ import torch
 
 from mismatch_cli.correction import SAFETY_BOUND
 from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.formulas import chi2
 from mismatch_cli.engine.ops import count_in_segments
+from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.state import F64
 
 DEFAULT_REPLICATES = 200
@@ -147,8 +149,10 @@ IS_FEATURES = ("is_weight", "is_weight_sq")
 RS_FEATURES = ("rs_lost_tokens", "rs_rejected_row")
 
 
-class BootstrapAccumulator:
+class BootstrapAccumulator(Accumulator):
     """K Poisson-bootstrap replicates of the headline metrics' sums, as a [K, F] float64 state."""
+
+    reads = frozenset({"is_token_weight", "is_row_weight", "rs_row_reject", "rs_token_reject"})
 
     def __init__(
         self,
@@ -165,13 +169,13 @@ class BootstrapAccumulator:
         self.features = BASE_FEATURES + (IS_FEATURES if is_level else ()) + (RS_FEATURES if rejection else ())
         self.sums = torch.zeros((replicates, len(self.features)), dtype=F64, device=device)
 
-    def _row_features(self, chunk: Chunk) -> torch.Tensor:
+    def _row_features(self, chunk: Chunk, decisions: ChunkDecisions) -> torch.Tensor:
         tokens = chunk.row_tokens
         log_sum = chunk.log_ratio_row_sum
         # rollout_mean - train_mean of verl's log_ppl_diff, from the one cached row sum of old - rollout.
         log_ppl_diff = -log_sum / chunk.row_denominator
         valid = chunk.row_valid.to(F64)
-        rho_sq_seq = torch.exp(2.0 * log_sum.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+        rho_sq_seq = chunk.row_ratio_safe_sq
         columns = [
             tokens,
             torch.ones_like(tokens),
@@ -188,14 +192,14 @@ class BootstrapAccumulator:
             rho_sq_seq * valid,
         ]
         if self.is_level == "token":
-            weight = chunk.extras["is_token_weight"]
+            weight = decisions.require("is_token_weight")
             columns += [chunk.row_sum(weight), chunk.row_sum(weight.square())]
         elif self.is_level is not None:
-            weight = chunk.extras["is_row_weight"].to(F64)
+            weight = decisions.require("is_row_weight").to(F64)
             columns += [weight * tokens, weight.square() * tokens]
         if self.rejection:
-            row_reject = chunk.extras["rs_row_reject"]
-            token_reject = chunk.extras.get("rs_token_reject")
+            row_reject = decisions.require("rs_row_reject")
+            token_reject = decisions.rs_token_reject  # None without a token-level option
             rejected_in_row = (
                 count_in_segments(token_reject, chunk.lengths) if token_reject is not None
                 else torch.zeros_like(tokens)
@@ -204,11 +208,11 @@ class BootstrapAccumulator:
             columns += [lost, (chunk.row_valid & (lost > 0)).to(F64)]
         return torch.stack(columns, dim=1)
 
-    def update(self, chunk: Chunk) -> None:
-        """Fold one chunk's rows into every replicate (run after the IS / RS accumulators)."""
+    def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
+        """Fold one chunk's rows into every replicate, with the IS weights and RS rejections decided for it."""
         if chunk.num_rows == 0:
             return
-        features = self._row_features(chunk)
+        features = self._row_features(chunk, decisions)
         first_row = chunk.first_row
         key = source_key(self.seed, chunk.source)
         device = features.device
@@ -234,8 +238,8 @@ class BootstrapAccumulator:
             out = {
                 "rollout_corr/kl": f["neg_log_ratio"] / tokens,
                 "rollout_corr/k3_kl": f["k3"] / tokens,
-                "rollout_corr/chi2_token": mean_ratio_sq - 1.0,
-                "rollout_corr/chi2_seq": f["rho_sq_seq"] / rows - 1.0,
+                "rollout_corr/chi2_token": chi2(f["ratio_safe_sq"], tokens),
+                "rollout_corr/chi2_seq": chi2(f["rho_sq_seq"], rows),
                 "rollout_corr/ppl_ratio": f["ppl_ratio"] / rows,
                 "rollout_corr/log_ppl_abs_diff": f["log_ppl_abs_diff"] / rows,
                 "diag/logprob_abs_diff_mean": f["abs_log_ratio"] / valid,
@@ -257,7 +261,7 @@ class BootstrapAccumulator:
                 out["rollout_corr/rollout_rs_seq_masked_fraction"] = f["rs_rejected_row"] / rows
         return out
 
-    def compute(self, level: float = LEVEL) -> dict[str, list[float]]:
+    def compute(self, level: float = LEVEL) -> Contribution:
         """Percentile intervals [low, high] per metric, over the replicates where it is defined."""
         tail = (1.0 - level) / 2.0
         intervals: dict[str, list[float]] = {}
@@ -269,7 +273,7 @@ class BootstrapAccumulator:
                 continue
             low, high = np.quantile(values, [tail, 1.0 - tail])
             intervals[key] = [float(low), float(high)]
-        return intervals
+        return Contribution(intervals=intervals)
 
 
 __all__ = [

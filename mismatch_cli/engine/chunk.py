@@ -13,8 +13,9 @@ import torch
 
 from mismatch_cli.batch import Batch
 from mismatch_cli.correction import SAFETY_BOUND
+from mismatch_cli.engine.formulas import chi2_seq_terms, chi2_token_terms
 from mismatch_cli.engine.ops import segment_sum
-from mismatch_cli.engine.runs import Runs, find_runs
+from mismatch_cli.engine.segments import Runs, find_runs
 from mismatch_cli.engine.state import F64
 
 # Fill values such as -9999 (or -1e4, finfo.min) are no log-prob of a sampled token; -9000 also
@@ -38,11 +39,12 @@ class Chunk:
     position_mask: np.ndarray | None = None  # [P] the response mask over every position
     offsets: np.ndarray | None = None  # [B+1] row offsets over positions
     keep: np.ndarray | None = None  # [P] valid positions (mask and finite), None when equal to the mask
-    extras: dict[str, Any] = field(default_factory=dict)  # per-token / per-row results shared by families
     source: str = ""  # the file the rows come from
     first_row: int = 0  # row index, within `source`, of the chunk's row 0
     sequence_ids: np.ndarray | None = None  # [B] id column values, when the dump has one
     steps: np.ndarray | None = None  # [B] training step per row, when known
+    # Per-row sums already taken, by the id of the per-token tensor (kept alive with it).
+    _row_sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
 
     @cached_property
     def runs(self) -> Runs:
@@ -83,7 +85,12 @@ class Chunk:
     @cached_property
     def ratio_safe_sq(self) -> torch.Tensor:
         """Square of the safety-clamped ratio (verl's chi2_token summand)."""
-        return self.ratio_safe.square()
+        return chi2_token_terms(self.ratio_safe)
+
+    @cached_property
+    def row_ratio_safe_sq(self) -> torch.Tensor:
+        """exp(2 clamp(S_i, -20, 20)) per row, float64 [B] (verl's chi2_seq summand; 1 for an empty row)."""
+        return chi2_seq_terms(self.log_ratio_row_sum)
 
     @cached_property
     def log_ratio_safe(self) -> torch.Tensor:
@@ -118,7 +125,7 @@ class Chunk:
 
     def row_sum(self, values: torch.Tensor) -> torch.Tensor:
         """Per-row float64 sum of per-token values (0 for an empty row), computed once per tensor."""
-        memo = self.extras.setdefault("_row_sums", {})
+        memo = self._row_sums
         hit = memo.get(id(values))
         if hit is not None and hit[0] is values:  # the tensor is kept alive, so its id cannot be reused
             return hit[1]

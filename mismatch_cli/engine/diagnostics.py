@@ -18,6 +18,7 @@ import torch
 from mismatch_cli.correction import SAFETY_BOUND
 from mismatch_cli.engine.chunk import MAX_CHUNK_POSITIONS, Chunk
 from mismatch_cli.engine.ops import segment_sum
+from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution, finite_or_none
 from mismatch_cli.engine.sketch import NUM_BUCKETS, SHIFT
 from mismatch_cli.engine.state import F64, Reducer
 
@@ -240,7 +241,7 @@ class PositionProfile:
         return {"bin_width": width, "tokens": [int(t) for t in tokens], "abs_log_ratio_mean": means}
 
 
-class DiagnosticsAccumulator:
+class DiagnosticsAccumulator(Accumulator):
     """Token-mean |delta|, bias, probability-space diffs, sketches, ESS both ways, and the counts."""
 
     def __init__(self, device: torch.device) -> None:
@@ -251,7 +252,7 @@ class DiagnosticsAccumulator:
         self.prob = PairSums(device)
         self.positions = PositionProfile()
 
-    def update(self, chunk: Chunk) -> None:
+    def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
         """Fold one chunk of whole sequences into the state."""
         s = self.state
         log_ratio = chunk.log_ratio
@@ -295,7 +296,12 @@ class DiagnosticsAccumulator:
     def _counts(counts: torch.Tensor) -> np.ndarray:
         return counts.cpu().numpy().reshape(2, NUM_BUCKETS)
 
-    def compute(self) -> dict[str, float]:
+    def compute(self) -> Contribution:
+        """The `diag/` keys, the quantile ladders and the histograms."""
+        return Contribution(metrics={DIAG_PREFIX + k: finite_or_none(v) for k, v in self.values().items()},
+                            quantiles=self.quantiles(), histograms=self.histograms())
+
+    def values(self) -> dict[str, float]:
         """The `diag/` keys (unprefixed) this accumulator owns."""
         s = self.state
         tokens = s.get("tokens") or math.nan  # no valid token: every mean is undefined

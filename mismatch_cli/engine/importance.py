@@ -8,6 +8,7 @@ import torch
 
 from mismatch_cli.correction import SAFETY_BOUND, IsThreshold
 from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.protocol import VERL_PREFIX, Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.state import F64, Moments, Reducer, float32_fraction
 
 
@@ -16,8 +17,10 @@ def _float32_log(value: float) -> float:
     return float(torch.log(torch.tensor(value, dtype=torch.float32)).item())
 
 
-class ImportanceAccumulator:
-    """Applied and raw IS weights of one configuration, reduced to fixed-size state."""
+class ImportanceAccumulator(Accumulator):
+    """Applied and raw IS weights of one configuration, reduced to fixed-size state; decides the weights."""
+
+    decides = frozenset({"is_token_weight", "is_row_weight"})
 
     def __init__(self, level: str, threshold: IsThreshold, batch_normalize: bool, device: torch.device,
                  seq_fraction_weights: str = "raw") -> None:
@@ -35,19 +38,19 @@ class ImportanceAccumulator:
         kept = (raw >= lower) & (raw <= upper)
         return torch.where(kept, raw, torch.zeros_like(raw))
 
-    def update(self, chunk: Chunk) -> None:
-        """Fold one chunk of whole sequences into the state."""
+    def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
+        """Fold one chunk of whole sequences into the state and decide its applied IS weights."""
         if self.level == "token":
-            self._update_token(chunk)
+            self._update_token(chunk, decisions)
         else:
-            self._update_sequence(chunk)
+            self._update_sequence(chunk, decisions)
 
-    def _update_token(self, chunk: Chunk) -> None:
+    def _update_token(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
         s, upper = self.state, self.threshold.upper
         lower_metric = self.threshold.metric_lower
         raw = chunk.ratio_safe
         weight = self._apply(raw)
-        chunk.extras["is_token_weight"] = weight
+        decisions.decide(is_token_weight=weight)
         s.add("tokens", float(chunk.num_tokens))
         # float64 before squaring: std = sqrt(E[w^2] - E[w]^2) cancels badly for weights near 1.
         weight64 = weight.to(F64)
@@ -65,12 +68,12 @@ class ImportanceAccumulator:
         raw_row_mean = chunk.row_mean(raw)
         self._rows(chunk, row_mean, raw_row_mean)
 
-    def _update_sequence(self, chunk: Chunk) -> None:
+    def _update_sequence(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
         s, upper = self.state, self.threshold.upper
         log_sum = chunk.log_ratio_row_sum
         raw = torch.exp(log_sum.clamp(-SAFETY_BOUND, SAFETY_BOUND))
         weight = self._apply(raw)
-        chunk.extras["is_row_weight"] = weight
+        decisions.decide(is_row_weight=weight)
         tokens = chunk.row_tokens
         s.add("tokens", float(chunk.num_tokens))
         s.add("sum_w", (weight * tokens).sum())
@@ -106,8 +109,15 @@ class ImportanceAccumulator:
         self.state.merge(other.state)
         self.row_weight.merge(other.row_weight)
 
-    def compute(self) -> tuple[dict[str, float], bool]:
-        """verl's `rollout_is_*` keys (unprefixed), and whether every applied weight was zero."""
+    def compute(self) -> Contribution:
+        """verl's `rollout_corr/rollout_is_*` keys, and whether every applied weight was zero."""
+        metrics, all_zero = self._metrics()
+        notes = ["every valid IS weight is outside the IcePop band, so the ESS is undefined "
+                 "(verl raises ZeroDivisionError here)"] if all_zero else []
+        return Contribution(family={VERL_PREFIX + k: v for k, v in metrics.items()}, notes=notes,
+                            icepop_rejects_all=all_zero)
+
+    def _metrics(self) -> tuple[dict[str, float], bool]:
         s = self.state
         tokens, rows = s.get("tokens"), s.get("rows")
         denominator = tokens + 1e-8

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from mismatch_cli.correction import SAFETY_BOUND
 from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.formulas import chi2
 from mismatch_cli.engine.ops import total
+from mismatch_cli.engine.protocol import VERL_PREFIX, Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.state import Reducer
 
 OFFPOLICY_KEYS = (
@@ -26,14 +27,14 @@ OFFPOLICY_KEYS = (
 )
 
 
-class OffPolicyAccumulator:
+class OffPolicyAccumulator(Accumulator):
     """Token means over valid tokens and row means over all rows (empty rows included, as verl)."""
 
     def __init__(self, device: torch.device, exact_mask: bool = False) -> None:
         self.state = Reducer(device)
         self.exact_mask = exact_mask  # a bool / integer mask upstream: no 1e-8 in the means
 
-    def update(self, chunk: Chunk) -> None:
+    def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
         """Fold one chunk of whole sequences into the state."""
         s = self.state
         log_ratio = chunk.log_ratio
@@ -57,15 +58,18 @@ class OffPolicyAccumulator:
         if chunk.num_rows:
             s.max("log_ppl_diff_max", log_ppl_diff.max())
             s.min("log_ppl_diff_min", log_ppl_diff.min())
-        seq_safe = chunk.log_ratio_row_sum.clamp(-SAFETY_BOUND, SAFETY_BOUND)
-        s.add("sum_rho_sq_seq", torch.exp(2.0 * seq_safe).sum())
+        s.add("sum_rho_sq_seq", chunk.row_ratio_safe_sq.sum())
 
     def merge(self, other: OffPolicyAccumulator) -> None:
         """Fold another accumulator (another shard of the same batch) into this one."""
         self.state.merge(other.state)
 
-    def compute(self) -> dict[str, float]:
-        """verl's 13 keys (unprefixed); callers guarantee at least one valid token."""
+    def compute(self) -> Contribution:
+        """verl's 13 `rollout_corr/` keys; callers guarantee at least one valid token."""
+        return Contribution(family={VERL_PREFIX + k: v for k, v in self.values().items()})
+
+    def values(self) -> dict[str, float]:
+        """verl's 13 keys (unprefixed), for an older family that reports them under its own names."""
         s = self.state
         tokens = s.get("tokens")
         tokens = tokens if self.exact_mask and tokens > 0 else tokens + 1e-8  # verl's masked_mean denominator
@@ -82,6 +86,6 @@ class OffPolicyAccumulator:
             "log_ppl_diff_max": s.get("log_ppl_diff_max"),
             "log_ppl_diff_min": s.get("log_ppl_diff_min"),
             "ppl_ratio": s.get("sum_ppl_ratio") / rows,
-            "chi2_token": s.get("sum_rho_sq") / tokens - 1.0,
-            "chi2_seq": s.get("sum_rho_sq_seq") / rows - 1.0,
+            "chi2_token": chi2(s.get("sum_rho_sq"), tokens),
+            "chi2_seq": chi2(s.get("sum_rho_sq_seq"), rows),
         }

@@ -8,6 +8,7 @@ import torch
 
 from mismatch_cli.correction import RsOption
 from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.protocol import VERL_PREFIX, Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.state import F64, Moments, Reducer, float32_fraction
 
 
@@ -44,8 +45,10 @@ class OptionBounds:
         return stat <= self.high
 
 
-class RejectionAccumulator:
-    """Per-option and combined rejection statistics of one RS configuration."""
+class RejectionAccumulator(Accumulator):
+    """Per-option and combined rejection statistics of one RS configuration; decides the rejections."""
+
+    decides = frozenset({"rs_row_reject", "rs_token_reject"})
 
     def __init__(self, options: tuple[RsOption, ...], k1_bounds: str, device: torch.device,
                  exact_mask: bool = False) -> None:
@@ -55,8 +58,8 @@ class RejectionAccumulator:
         self.state = Reducer(device)
         self.row_stats = {b.option.name: Moments(device) for b in self.bounds}
 
-    def update(self, chunk: Chunk) -> None:
-        """Fold one chunk of whole sequences into the state."""
+    def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
+        """Fold one chunk of whole sequences into the state and decide which rows and tokens RS rejects."""
         s = self.state
         s.add("tokens", float(chunk.num_tokens))
         s.add("rows", float(chunk.num_rows))
@@ -116,9 +119,9 @@ class RejectionAccumulator:
             chunk.row_count(token_reject) if token_reject is not None else torch.zeros_like(chunk.row_tokens)
         )
         lost = torch.where(row_reject_any, chunk.row_tokens, tokens_rejected_in_row)
-        chunk.extras["rs_row_reject"] = row_reject_any
+        decisions.decide(rs_row_reject=row_reject_any)
         if token_reject is not None:
-            chunk.extras["rs_token_reject"] = token_reject
+            decisions.decide(rs_token_reject=token_reject)
         s.add("rejected_tokens", lost.sum())
         s.add("rejected_rows", (valid & (lost > 0)).sum())
 
@@ -128,8 +131,11 @@ class RejectionAccumulator:
         for name, moments in self.row_stats.items():
             moments.merge(other.row_stats[name])
 
-    def compute(self) -> dict[str, float]:
-        """verl's `rollout_rs_*` keys (unprefixed); callers guarantee at least one valid token."""
+    def compute(self) -> Contribution:
+        """verl's `rollout_corr/rollout_rs_*` keys; callers guarantee at least one valid token."""
+        return Contribution(family={VERL_PREFIX + k: v for k, v in self._metrics().items()})
+
+    def _metrics(self) -> dict[str, float]:
         s = self.state
         tokens = s.get("tokens")
         denominator = tokens if self.exact_mask and tokens > 0 else tokens + 1e-8

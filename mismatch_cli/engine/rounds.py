@@ -13,7 +13,9 @@ import numpy as np
 import torch
 
 from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.formulas import chi2
 from mismatch_cli.engine.ops import count_in_segments, repeat_segments, segment_sum
+from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.sketch import NUM_BUCKETS, GroupedSketch, LogSketch
 from mismatch_cli.engine.state import F64
 
@@ -86,7 +88,7 @@ class RoundTable:
                 "abs_diff_p99": p99[k],
                 "kl": mean("neg_log_ratio_sum"),
                 "k3_kl": mean("k3_sum"),
-                "chi2_token": None if not tokens else f["rho_sq_sum"] / tokens - 1.0,
+                "chi2_token": chi2(f["rho_sq_sum"], tokens) if tokens else None,
                 "ratio_mean": mean("ratio_sum"),
                 "catastrophic_fraction": mean("catastrophic"),
                 "abs_diff_share": f["abs_sum"] / total_abs if total_abs > 0 else None,
@@ -99,8 +101,10 @@ class RoundTable:
         return table
 
 
-class RoundsAccumulator:
+class RoundsAccumulator(Accumulator):
     """Per-round divergence from the start and from the end of each trajectory."""
+
+    reads = frozenset({"is_token_weight", "is_row_weight", "rs_row_reject", "rs_token_reject"})
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -111,7 +115,7 @@ class RoundsAccumulator:
         self.has_is = False
         self.has_rs = False
 
-    def update(self, chunk: Chunk) -> None:
+    def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
         """Segment the chunk into rounds and fold its per-round sums in (after IS / RS have run)."""
         runs = chunk.runs
         if runs.row.size == 0:
@@ -142,19 +146,18 @@ class RoundsAccumulator:
             count_in_segments(chunk.abs_log_ratio > CATASTROPHIC_LOG_RATIO, run_tokens),
         ]
         zeros = torch.zeros_like(run_tokens_f)
-        weight = chunk.extras.get("is_token_weight")
-        if weight is not None:
-            columns.append(run_sum(weight))
-        elif "is_row_weight" in chunk.extras:
-            columns.append(chunk.extras["is_row_weight"][run_row] * run_tokens_f)
+        if decisions.is_token_weight is not None:
+            columns.append(run_sum(decisions.is_token_weight))
+        elif decisions.is_row_weight is not None:
+            columns.append(decisions.is_row_weight[run_row] * run_tokens_f)
         else:
             columns.append(zeros)
-        self.has_is |= weight is not None or "is_row_weight" in chunk.extras
-        if "rs_row_reject" in chunk.extras:
+        self.has_is |= decisions.is_token_weight is not None or decisions.is_row_weight is not None
+        if decisions.rs_row_reject is not None:
             self.has_rs = True
-            token_reject = chunk.extras.get("rs_token_reject")
+            token_reject = decisions.rs_token_reject
             from_tokens = run_sum(token_reject.to(chunk.old.dtype)) if token_reject is not None else zeros
-            columns.append(torch.where(chunk.extras["rs_row_reject"][run_row], run_tokens_f, from_tokens))
+            columns.append(torch.where(decisions.rs_row_reject[run_row], run_tokens_f, from_tokens))
         else:
             columns.append(zeros)
         table = torch.stack(columns, dim=1)
@@ -180,12 +183,13 @@ class RoundsAccumulator:
         self.has_is |= other.has_is
         self.has_rs |= other.has_rs
 
-    def compute(self) -> tuple[dict[str, float | None], list[dict], list[dict]]:
-        """verl PR #5229's `per_round/` keys, the per-round table, and the table indexed from the end."""
+    def compute(self) -> Contribution:
+        """`diag/rounds`, verl PR #5229's `per_round/` keys, the per-round table and the one indexed from the end."""
         total_abs = float(self.from_start.sums[:, 1].sum().item()) if self.from_start.sums.numel() else 0.0
         rounds = self.from_start.compute(total_abs, self.has_is, self.has_rs, "round")
         from_end = self.from_end.compute(total_abs, self.has_is, self.has_rs, "round_from_end")
-        metrics: dict[str, float | None] = {"per_round/total_rounds": float(self.max_rounds)}
+        metrics: dict[str, float | None] = {DIAG_PREFIX + "rounds": float(self.total_rounds),
+                                            "per_round/total_rounds": float(self.max_rounds)}
         best_k, best_value = -1, 0.0
         for entry in rounds:
             k = int(entry["round"])
@@ -196,4 +200,4 @@ class RoundsAccumulator:
                 best_k, best_value = k, value
         metrics["per_round/max_round_diff"] = float(best_k)
         metrics["per_round/max_diff_value"] = best_value
-        return metrics, rounds, from_end
+        return Contribution(metrics=metrics, rounds=rounds, rounds_from_end=from_end)

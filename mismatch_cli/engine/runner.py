@@ -17,6 +17,7 @@ from mismatch_cli.engine.bootstrap import DEFAULT_REPLICATES
 from mismatch_cli.engine.chunk import QUALITY_CATEGORIES, bounded, make_chunk, quality_examples
 from mismatch_cli.engine.family import FamilyAccumulator
 from mismatch_cli.engine.packs import merge_xtuner_packs
+from mismatch_cli.engine.protocol import ChunkDecisions
 from mismatch_cli.errors import ConfigError, DataError, InputError, UsageError
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -98,6 +99,21 @@ def _split_rows(batch: Batch, keys: np.ndarray) -> list[tuple[Any, Batch]]:
     return [(label, batch.select_rows(inverse == i)) for i, label in enumerate(labels)]
 
 
+def _check_group_count(column: str, known: dict[Any, Any], keys: np.ndarray) -> None:
+    """UsageError when this batch would take `--by column` past MAX_GROUPS, before any row is split off."""
+    unique = np.unique(keys)
+    if len(known) + len(unique) <= MAX_GROUPS:
+        return
+    new = len(unique) if len(unique) > MAX_GROUPS else sum(
+        (u.item() if isinstance(u, np.generic) else u) not in known for u in unique)
+    if len(known) + new > MAX_GROUPS:
+        raise UsageError(
+            f"--by {column}: more than {MAX_GROUPS} distinct values, each of which would be analyzed as its own "
+            "batch",
+            hint="group by a column with fewer distinct values (e.g. env_name, data_source, step)",
+        )
+
+
 def _group_keys(batch: Batch, column: str) -> np.ndarray:
     values = batch.groups.get(column)
     if values is None:
@@ -159,7 +175,7 @@ class Analysis:
             self.overall.update(chunk)
             if self.per_pack:
                 pack = self.packs.setdefault(batch.source, FamilyAccumulator(self.correction.family_spec, self.device))
-                pack.update(chunk)
+                pack.update(chunk, ChunkDecisions())
             stats = self.sources.setdefault(batch.source, SourceStats())
             stats.add(batch.num_rows, chunk.quality)
             wanted = stats.wanted_examples(chunk.quality)
@@ -173,15 +189,10 @@ class Analysis:
                                                                                       compute_dtype))
             for column in self.group_by:
                 accumulators = self.per_group[column]
-                for label, part in _split_rows(batch, _group_keys(batch, column)):
+                keys = _group_keys(batch, column)
+                _check_group_count(column, accumulators, keys)
+                for label, part in _split_rows(batch, keys):
                     if label not in accumulators:
-                        if len(accumulators) >= MAX_GROUPS:
-                            raise UsageError(
-                                f"--by {column}: more than {MAX_GROUPS} distinct values, each of which would be "
-                                "analyzed as its own batch",
-                                hint="group by a column with fewer distinct values (e.g. env_name, data_source, "
-                                "step)",
-                            )
                         accumulators[label] = self._breakdown()
                     accumulators[label].update(chunk if part is batch else make_chunk(part, self.device,
                                                                                       compute_dtype))
@@ -224,7 +235,7 @@ class Analysis:
         result = self.overall.compute()
         spec = correction.family_spec
         if len(self.packs) > 1 and spec is not None:
-            merged = merge_xtuner_packs([pack.compute(None)[0] for pack in self.packs.values()],
+            merged = merge_xtuner_packs([pack.compute().family for pack in self.packs.values()],
                                         valid_only=spec.merge_valid_packs_only)
             result.metrics = {k: v for k, v in result.metrics.items() if not k.startswith(spec.prefix)}
             result.metrics.update({k: v if math.isfinite(v) else None for k, v in merged.items()})

@@ -25,6 +25,7 @@ from mismatch_cli.correction import SAFETY_BOUND, RsOption
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.diagnostics import scratch
 from mismatch_cli.engine.ops import total
+from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.rejection import OptionBounds, token_statistic
 from mismatch_cli.engine.state import F64
 
@@ -93,7 +94,7 @@ def _float32_log(value: float) -> float:
     return float(torch.log(torch.tensor(value, dtype=torch.float32)).item())
 
 
-class WhatIfAccumulator:
+class WhatIfAccumulator(Accumulator):
     """Truncated / masked token and sequence counts and weight sums for every ladder setting."""
 
     def __init__(self, k1_bounds: str, device: torch.device, scenarios: tuple[Scenario, ...] = LADDER) -> None:
@@ -120,7 +121,7 @@ class WhatIfAccumulator:
         boundaries += self.veto_logs
         self.candidate_bound = min((abs(b) for b in boundaries), default=SAFETY_BOUND) * (1 - CANDIDATE_MARGIN)
 
-    def update(self, chunk: Chunk) -> None:
+    def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
         """Fold one chunk of whole sequences into every setting's counts and sums."""
         valid = chunk.row_valid.cpu().numpy()
         self.tokens += chunk.num_tokens
@@ -230,8 +231,8 @@ class WhatIfAccumulator:
         self.tokens += other.tokens
         self.valid_rows += other.valid_rows
 
-    def compute(self) -> list[dict[str, object]]:
-        """One row per setting: truncated and masked fractions, masked sequences, mean weight and ESS."""
+    def compute(self) -> Contribution:
+        """The what-if table, one row per setting: truncated / masked fractions, masked sequences, mean weight, ESS."""
         tokens, valid_rows = self.tokens, self.valid_rows
         out: list[dict[str, object]] = []
         for scenario, row in zip(self.scenarios, self.table.tolist(), strict=True):
@@ -253,7 +254,7 @@ class WhatIfAccumulator:
                 # verl's ESS, 1 / MM((w / (MM(w) + 1e-8))^2), of the weights the setting leaves.
                 "ess": (mean + 1e-8) ** 2 / mean_sq if mean_sq > 0 else None,
             })
-        return out
+        return Contribution(what_if=out)
 
 
 __all__ = ["COLUMNS", "LADDER", "Scenario", "WhatIfAccumulator"]

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.state import F64
 
 TOP_K = 10
@@ -48,14 +49,14 @@ def _order(entry: dict[str, Any], criterion: str) -> tuple[float, str, int]:
     return (-entry[criterion], entry["file"], entry["row"])
 
 
-class WorstSequences:
+class WorstSequences(Accumulator):
     """Top-k rows by |mean delta| and by max |delta|, with file, row, id, step and token count."""
 
     def __init__(self, k: int = TOP_K) -> None:
         self.k = k
         self.best: dict[str, list[dict[str, Any]]] = {c: [] for c in CRITERIA}
 
-    def update(self, chunk: Chunk) -> None:
+    def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
         """Pick the chunk's k best valid rows per criterion and fold them in."""
         valid = chunk.row_valid
         if not bool(valid.any()):
@@ -101,13 +102,13 @@ class WorstSequences:
             pool = self.best[criterion] + other.best[criterion]
             self.best[criterion] = sorted(pool, key=lambda e, c=criterion: _order(e, c))[: self.k]
 
-    def compute(self) -> list[dict[str, Any]]:
+    def compute(self) -> Contribution:
         """One entry per (criterion, rank): the row's identity and both scores."""
         out = []
         for criterion in CRITERIA:
             for rank, entry in enumerate(self.best[criterion], start=1):
                 out.append({"criterion": criterion, "rank": rank, **entry})
-        return out
+        return Contribution(worst_sequences=out)
 
 
 __all__ = ["CRITERIA", "TOP_K", "WorstSequences", "row_max"]

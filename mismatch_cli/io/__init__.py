@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from ..batch import Batch
 from ..errors import InputError
+from ..guard import import_pandas_now, raise_pending
 from .aliases import ROLE_ALIASES, check_options, resolve_roles
 from .detect import FORMAT_NAMES, detect_format
 from .discover import FORMATS, InputFile, discover_inputs, sha256_file
@@ -57,13 +58,19 @@ def iter_batches(files: Sequence[InputFile], options: ReadOptions, workers: int 
                 f"unknown input format {file.format!r} for {file.path}",
                 hint=f"use one of {', '.join(FORMAT_NAMES)} (--input-format)",
             )
+    import_pandas_now()
     if workers > 0:
         from mismatch_cli.io.parallel import iter_batches_parallel
 
-        yield from iter_batches_parallel(files, options, _read_file, workers=workers)
-        return
-    for file in files:
-        yield from _read_file(file.path, file.format, options)
+        batches = iter_batches_parallel(files, options, _read_file, workers=workers)
+    else:
+        batches = (batch for file in files for batch in _read_file(file.path, file.format, options))
+    try:
+        for batch in batches:
+            raise_pending()  # a signal whose exception a library swallowed stops the read here
+            yield batch
+    finally:
+        batches.close()  # stops the read-ahead threads now
 
 
 def _read_file(path: str, file_format: str, options: ReadOptions) -> Iterator[Batch]:

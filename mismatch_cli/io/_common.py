@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import stat
 
 import numpy as np
 
 from ..errors import InputError
+from ..oserrors import explain_os_error
 
 
 def reason(exc: BaseException) -> str:
@@ -17,10 +19,23 @@ def reason(exc: BaseException) -> str:
 
 
 def check_file(path: str) -> None:
-    """InputError when `path` is not an existing regular file (a clearer message than the library's)."""
-    if not os.path.isfile(path):
-        what = "not a regular file" if os.path.exists(path) else "no such file"
-        raise InputError(f"cannot read {path}: {what}", hint="check the path")
+    """InputError when `path` is not a regular file this process may open, saying why (permission, link loop...)."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError) and os.path.islink(path):
+            raise InputError(f"cannot read {path}: it is a symbolic link to a missing file ({os.readlink(path)})",
+                             hint="fix the link, or name the file it should point at") from None
+        raise explain_os_error(exc, path) from None
+    if stat.S_ISDIR(info.st_mode):
+        raise explain_os_error(IsADirectoryError(21, "Is a directory"), path)
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"cannot read {path}: not a regular file (a device, FIFO or socket)",
+                         hint="save the dump to a file and name that file")
+    try:
+        os.close(os.open(path, os.O_RDONLY))
+    except OSError as exc:
+        raise explain_os_error(exc, path) from None
 
 
 def row_at(offsets: np.ndarray, position: int) -> int:

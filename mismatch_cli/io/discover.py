@@ -6,10 +6,13 @@ import glob
 import hashlib
 import os
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import InputError, UsageError
+from ..oserrors import explain_os_error
+from ._common import check_file
 from .detect import (
     FORCED_EXTENSIONS,
     NEMO_NAME,
@@ -26,6 +29,7 @@ from .detect import (
 FORMATS = {".parquet": "parquet", ".safetensors": "safetensors"}
 _HASH_BLOCK = 8 * 1024 * 1024
 _GLOB_CHARS = frozenset("*?[")
+_DUMP_EXTENSIONS = frozenset({*FORMATS, *(e for exts in FORCED_EXTENSIONS.values() for e in exts)})
 _LOOKED_FOR = (
     "*.parquet, *.safetensors, slime train_data/*.pt, NeMo-RL train_data_step*.jsonl or prime-rl "
     "step_*/rank_*.jsonl"
@@ -55,10 +59,18 @@ def _sort_key(path: str, root: str) -> list[list[str | int]]:
     return [_natural(part) for part in os.path.relpath(path, root).split(os.sep)]
 
 
+def _dump_like(path: str, forced: str | None) -> bool:
+    """True when the extension says the file could be a dump (so an unreadable one is an error, not skipped)."""
+    ext = os.path.splitext(path)[1].lower()
+    return ext in (FORCED_EXTENSIONS[forced] if forced else _DUMP_EXTENSIONS)
+
+
 def _walk_candidate(path: str, forced: str | None) -> tuple[str, str | None] | None:
     """(format, slime kind) for a file a folder walk should read, or None to skip it."""
     name = os.path.basename(path)
     ext = os.path.splitext(name)[1].lower()
+    if _dump_like(path, forced):
+        check_file(path)  # sniffing swallows errors: an unreadable dump must not be skipped as "not a dump"
     if forced is not None:
         return (forced, None) if ext in FORCED_EXTENSIONS[forced] else None
     if ext in FORMATS:
@@ -82,7 +94,11 @@ def _walk(directory: str, forced: str | None) -> list[tuple[str, str]]:
     side has no trainer log-probs); alone, it is kept so that reading it says why it is refused.
     """
     found: list[tuple[str, str, str | None]] = []
-    for root, dirs, files in os.walk(directory):
+
+    def unreadable(exc: OSError) -> None:
+        raise explain_os_error(exc, exc.filename or directory)  # a folder skipped silently would be a misread
+
+    for root, dirs, files in os.walk(directory, onerror=unreadable):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         for f in files:
             if f.startswith("."):
@@ -112,6 +128,8 @@ def _file_format(path: str, forced: str | None) -> str:
 
 def _glob_format(path: str, forced: str | None) -> str | None:
     """The format of a file a glob matched, or None to skip it (a README next to the dumps)."""
+    if _dump_like(path, forced):
+        check_file(path)
     if forced is None:
         return detect_format(path)
     if os.path.splitext(path)[1].lower() in FORCED_EXTENSIONS[forced] or sniff(path) == forced:
@@ -120,6 +138,13 @@ def _glob_format(path: str, forced: str | None) -> str | None:
 
 
 def _expand(arg: str, forced: str | None) -> list[tuple[str, str]]:
+    try:
+        os.stat(arg)
+    except FileNotFoundError:
+        if os.path.islink(arg):
+            check_file(arg)  # names the missing target of a dangling link
+    except OSError as exc:
+        raise explain_os_error(exc, arg) from None  # a link loop, a name too long, permission denied...
     if os.path.isdir(arg):
         found = _walk(arg, forced)
         if not found:
@@ -130,6 +155,7 @@ def _expand(arg: str, forced: str | None) -> list[tuple[str, str]]:
             )
         return found
     if os.path.isfile(arg):
+        check_file(arg)
         return [(arg, _file_format(arg, forced))]
     if os.path.exists(arg):
         raise InputError(f"expected a file or directory, got {arg}", hint="name a regular file or a folder")
@@ -170,19 +196,21 @@ def discover_inputs(args: Sequence[str], input_format: str | None = None) -> lis
             try:
                 size = os.path.getsize(path)
             except OSError as exc:
-                raise InputError(f"cannot read {path}: {exc.strerror}", hint="check the path and permissions") from exc
+                raise explain_os_error(exc, path) from None
             notes = prime_notes(path) if fmt == "prime-rl" else ()
             inputs.append(InputFile(path=path, format=fmt, bytes=size, notes=notes))
     return inputs
 
 
-def sha256_file(path: str) -> str:
-    """Hex SHA-256 of a file, read in 8 MiB blocks."""
+def sha256_file(path: str, stop: threading.Event | None = None) -> str | None:
+    """Hex SHA-256 of a file, read in 8 MiB blocks; None when `stop` is set before the end."""
     digest = hashlib.sha256()
     try:
         with open(path, "rb") as f:
             while block := f.read(_HASH_BLOCK):
+                if stop is not None and stop.is_set():
+                    return None
                 digest.update(block)
     except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror}", hint="check the path and permissions") from exc
+        raise explain_os_error(exc, path) from None
     return digest.hexdigest()

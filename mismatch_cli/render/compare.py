@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
-from pathlib import Path
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -228,16 +229,24 @@ def _histogram(report: Report) -> tuple[list[float], list[float]] | None:
     return edges, [c / total for c in counts]
 
 
-def write_compare_plots(comparison: Comparison, base: Report, candidate: Report, out_dir: Path) -> list[Path]:
-    """Overlaid plots of both sides into out_dir; returns the files written."""
+def _png(fig: Any) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def render_compare_plots(comparison: Comparison, base: Report, candidate: Report) -> dict[str, bytes]:
+    """Overlaid plots of both sides as PNG bytes per file name (the CLI writes them)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
+    written: dict[str, bytes] = {}
     labels = (f"base: {comparison.base_label}", f"candidate: {comparison.candidate_label}")
     colors = ("#4477aa", "#ee6677")
 
@@ -261,10 +270,7 @@ def write_compare_plots(comparison: Comparison, base: Report, candidate: Report,
             ax.axis("off")
         fig.suptitle("Headline metrics with 95 % bootstrap intervals", fontsize=10)
         fig.tight_layout()
-        path = out_dir / "compare_metrics.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written["compare_metrics.png"] = _png(fig)
 
     hists = _histogram(base), _histogram(candidate)
     if hists[0] and hists[1]:
@@ -286,10 +292,7 @@ def write_compare_plots(comparison: Comparison, base: Report, candidate: Report,
         ax.legend(fontsize=8)
         ax.set_title("Distribution of the log-ratio, both runs")
         fig.tight_layout()
-        path = out_dir / "compare_log_ratio_hist.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written["compare_log_ratio_hist.png"] = _png(fig)
 
     if comparison.rounds:
         rounds = shown_rounds(comparison.rounds)
@@ -309,10 +312,7 @@ def write_compare_plots(comparison: Comparison, base: Report, candidate: Report,
         ax.set_title("Per-round divergence, both runs")
         ax.legend(fontsize=8)
         fig.tight_layout()
-        path = out_dir / "compare_rounds.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written["compare_rounds.png"] = _png(fig)
     return written
 
 
@@ -328,5 +328,5 @@ __all__ = [
     "render_compare_json",
     "render_compare_markdown",
     "render_compare_table",
-    "write_compare_plots",
+    "render_compare_plots",
 ]

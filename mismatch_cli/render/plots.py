@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import io
 import math
-import os
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mismatch_cli.errors import UsageError
 from mismatch_cli.render.sections import SHOWN_ROUNDS, shown_rounds
 from mismatch_cli.report import Report
 
@@ -392,28 +388,4 @@ def render_plots(report: Report) -> dict[str, bytes]:
     return images
 
 
-def write_files(directory: Path, files: dict[str, bytes]) -> list[Path]:
-    """Write each file atomically (temporary file, then rename; mode from the umask) and return the paths."""
-    umask = os.umask(0)
-    os.umask(umask)
-    written = []
-    for name, data in files.items():
-        path = directory / name
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
-        except OSError as exc:
-            raise UsageError(f"cannot write {path}: {exc.strerror}", hint="choose a writable --out-dir") from None
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a report is meant to be shared
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        written.append(path)
-    return written
-
-
-__all__ = ["CAPTIONS", "PLOTS", "render_plots", "signed_bins", "write_files"]
+__all__ = ["CAPTIONS", "PLOTS", "render_plots", "signed_bins"]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from mismatch_cli.compare import compare_reports
 from mismatch_cli.errors import InputError
-from mismatch_cli.render.compare import write_compare_plots
+from mismatch_cli.render.compare import render_compare_plots
 from mismatch_cli.render.plots import render_plots, signed_bins
 from mismatch_cli.report import Report, validate_report
 
@@ -112,7 +112,7 @@ def test_compare_plots_survive_a_degenerate_histogram(tmp_path, good, name):
     report = Report.from_dict(_edit(good, ("histograms",), {"log_ratio": DEGENERATE[name]}))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        write_compare_plots(compare_reports(report, report), report, report, tmp_path)
+        render_compare_plots(compare_reports(report, report), report, report)
         render_plots(report)
 
 

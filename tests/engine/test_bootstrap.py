@@ -16,6 +16,7 @@ from mismatch_cli.engine import bootstrap as bs
 from mismatch_cli.engine.analysis import BatchAccumulator
 from mismatch_cli.engine.bootstrap import BootstrapAccumulator, poisson_weights, source_key
 from mismatch_cli.engine.chunk import make_chunk
+from mismatch_cli.engine.protocol import ChunkDecisions
 from mismatch_cli.engine.runner import run
 
 CPU = torch.device("cpu")
@@ -177,11 +178,11 @@ def test_merged_shards_equal_one_pass() -> None:
     old, rollout, mask = random_dump(3, rows=50)
     whole = batch_from_padded(old, rollout, mask)
     single = BootstrapAccumulator(200, CPU)
-    single.update(make_chunk(whole, CPU, torch.float64))
+    single.update(make_chunk(whole, CPU, torch.float64), ChunkDecisions())
     shards = []
     for part in split(whole, [9, 25, 26]):
         shard = BootstrapAccumulator(200, CPU)
-        shard.update(make_chunk(part, CPU, torch.float64))
+        shard.update(make_chunk(part, CPU, torch.float64), ChunkDecisions())
         shards.append(shard)
     merged = shards[2]
     for shard in (shards[0], shards[3], shards[1]):
@@ -219,8 +220,8 @@ def coverage(trials: int = 200, rows: int = 300, mu: float = 0.01, sigma: float 
         mask = (np.arange(width)[None, :] < lengths[:, None]).astype(float)
         accumulator = BootstrapAccumulator(200, CPU)
         accumulator.update(make_chunk(batch_from_padded(old, rollout, mask, source=f"trial{trial}"), CPU,
-                                      torch.float64))
-        intervals = accumulator.compute()
+                                      torch.float64), ChunkDecisions())
+        intervals = accumulator.compute().intervals
         for key, value in truth.items():
             low, high = intervals[key]
             covered[key] += low <= value <= high

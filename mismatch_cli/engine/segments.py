@@ -1,4 +1,4 @@
-"""A chunk's rounds: the maximal runs of 1s in each row's response mask, found with vectorized numpy."""
+"""A chunk's rounds: the maximal runs of 1s in each row's response mask, found without a loop over rows."""
 
 from __future__ import annotations
 
@@ -47,3 +47,6 @@ def find_runs(mask: np.ndarray, offsets: np.ndarray, keep: np.ndarray | None = N
         valid_tokens=valid_tokens.astype(np.int64),
         rounds_per_row=rounds_per_row.astype(np.int64),
     )
+
+
+__all__ = ["Runs", "find_runs"]
