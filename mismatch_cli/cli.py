@@ -300,6 +300,15 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cud
 DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="Per-token compute precision.")]
 
 
+def _family_flags(is_level: str | None, is_mode: str | None, is_threshold_lower: str | None,
+                  is_mask_threshold: str | None, rs_threshold_lower: str | None, veto_threshold: str | None,
+                  mask_dtype: MaskDtype | None) -> dict[str, Any]:
+    """The older families' flags as given, keyed by flag (analyze, compare and check take the same ones)."""
+    return {"--is-level": is_level, "--is-mode": is_mode, "--is-threshold-lower": is_threshold_lower,
+            "--is-mask-threshold": is_mask_threshold, "--rs-threshold-lower": rs_threshold_lower,
+            "--veto-threshold": veto_threshold, "--mask-dtype": mask_dtype.value if mask_dtype else None}
+
+
 def _correction(
     config_file: Path | None,
     preset: str | None,
@@ -429,9 +438,8 @@ def analyze(
     from mismatch_cli.io import ReadOptions
 
     replicates = check_bootstrap(bootstrap)
-    family_flags = {"--is-level": is_level_legacy, "--is-mode": is_mode, "--is-threshold-lower": is_threshold_lower,
-                    "--is-mask-threshold": is_mask_threshold, "--rs-threshold-lower": rs_threshold_lower,
-                    "--veto-threshold": veto_threshold, "--mask-dtype": mask_dtype.value if mask_dtype else None}
+    family_flags = _family_flags(is_level_legacy, is_mode, is_threshold_lower, is_mask_threshold, rs_threshold_lower,
+                                 veto_threshold, mask_dtype)
     correction = _correction(config, preset, is_level, is_threshold, is_batch_normalize, rs, rs_threshold,
                              k1_bounds, semantics, family_flags)
     outputs = _planned_outputs([*inputs, config], out_dir, output)
@@ -699,6 +707,14 @@ def compare(
     rs: RsOpt = None,
     rs_threshold: RsThresholdOpt = None,
     k1_bounds: K1Opt = None,
+    semantics: SemanticsOpt = None,
+    is_level_legacy: IsLevelOpt = None,
+    is_mode: IsModeOpt = None,
+    is_threshold_lower: IsLowerOpt = None,
+    is_mask_threshold: IsMaskThresholdOpt = None,
+    rs_threshold_lower: RsLowerOpt = None,
+    veto_threshold: VetoOpt = None,
+    mask_dtype: MaskDtypeOpt = None,
     config: LimitsConfigOpt = None,
     fail_on: FailOnOpt = [],  # noqa: B006 - typer needs a literal default
     missing: MissingOpt = None,
@@ -729,16 +745,19 @@ def compare(
         render_compare_table,
     )
 
+    family_flags = _family_flags(is_level_legacy, is_mode, is_threshold_lower, is_mask_threshold, rs_threshold_lower,
+                                 veto_threshold, mask_dtype)
     correction = _correction(config, preset, is_level, is_threshold, is_batch_normalize, rs, rs_threshold,
-                             k1_bounds)
+                             k1_bounds, semantics, family_flags)
     _, rules, policy = _rules(config, fail_on, missing)
     outputs = _planned_outputs([base, candidate, config], out_dir, output)
     analyze_side = _analyzer(correction, column, no_mask, device, dtype, bootstrap, input_format)
     base_report, base_is_report = load_side(base, analyze_side)
     candidate_report, candidate_is_report = load_side(candidate, analyze_side)
     comparison = compare_reports(base_report, candidate_report, rules, policy, base, candidate)
-    flags_given = any(v is not None for v in (preset, is_level, is_threshold, is_batch_normalize, rs,
-                                              rs_threshold, k1_bounds)) or bool(_load_config_table(config))
+    flags_given = any(v is not None for v in (preset, is_level, is_threshold, is_batch_normalize, rs, rs_threshold,
+                                              k1_bounds, semantics, *family_flags.values())) or bool(
+        _load_config_table(config))
     if flags_given:
         requested = correction.to_dict()
         for label, report, is_report in ((base, base_report, base_is_report),
@@ -805,6 +824,14 @@ def check(
     rs: RsOpt = None,
     rs_threshold: RsThresholdOpt = None,
     k1_bounds: K1Opt = None,
+    semantics: SemanticsOpt = None,
+    is_level_legacy: IsLevelOpt = None,
+    is_mode: IsModeOpt = None,
+    is_threshold_lower: IsLowerOpt = None,
+    is_mask_threshold: IsMaskThresholdOpt = None,
+    rs_threshold_lower: RsLowerOpt = None,
+    veto_threshold: VetoOpt = None,
+    mask_dtype: MaskDtypeOpt = None,
     column: ColumnOpt = [],  # noqa: B006
     no_mask: NoMaskOpt = False,
     bootstrap: BootstrapOpt = "200",
@@ -844,8 +871,10 @@ def check(
                     err.print(f"warning: GITHUB_STEP_SUMMARY: {problem}", markup=False)
 
     try:
+        family_flags = _family_flags(is_level_legacy, is_mode, is_threshold_lower, is_mask_threshold,
+                                     rs_threshold_lower, veto_threshold, mask_dtype)
         correction = _correction(config, preset, is_level, is_threshold, is_batch_normalize, rs, rs_threshold,
-                                 k1_bounds)
+                                 k1_bounds, semantics, family_flags)
         table, rules, policy = _rules(config, fail_on, missing)
         baseline = baseline or table.baseline
         if not rules:

@@ -153,3 +153,16 @@ def test_report_tables_are_dataframes() -> None:
 def test_help_runs_without_reading_outside_files() -> None:
     proc = subprocess.run([sys.executable, "-m", "mismatch_cli", "--help"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0 and "Exit codes" in proc.stdout
+
+
+def test_compare_and_check_take_the_family_flags(tmp_path: Path) -> None:
+    base = write_dump(tmp_path / "a.parquet", [[-1.0, -2.0, -0.5]], [[-1.1, -2.0, -0.4]], [[1, 1, 1]])
+    family = ("--semantics", "verl-0.6.0", "--is-level", "geometric", "--is-threshold", "2", "--device", "cpu",
+              "--bootstrap", "0")
+    result = invoke("check", base, "--fail-on", "mismatch/rollout_is_mean>=0", "--format", "json", *family)
+    assert result.exit_code == 0, result.output
+    result = invoke("compare", base, base, "--format", "json", *family)
+    assert result.exit_code == 0, result.output
+    assert any(row["metric"].startswith("mismatch/") for row in json.loads(result.stdout)["metrics"])
+    refused = invoke("check", base, "--fail-on", "rollout_corr/kl<=1", "--veto-threshold", "1e-4")
+    assert refused.exit_code == 2 and "--semantics" in refused.stderr
