@@ -6,7 +6,7 @@ from typing import Any
 
 from mismatch_cli.version import __version__
 
-__all__ = ["__version__", "analyze", "Report", "CorrectionConfig"]
+__all__ = ["__version__", "analyze", "compare", "check", "Report", "CorrectionConfig"]
 
 
 def __getattr__(name: str) -> Any:
@@ -15,6 +15,10 @@ def __getattr__(name: str) -> Any:
         from mismatch_cli.api import analyze
 
         return analyze
+    if name in ("compare", "check"):
+        from mismatch_cli import gate
+
+        return getattr(gate, name)
     if name == "Report":
         from mismatch_cli.report import Report
 

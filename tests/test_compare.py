@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from test_check import assert_exit, invoke, make_dump
 
-from mismatch_cli.compare import HIGHER, LOWER, LOWER_ABS, compare_reports, direction_of
+from mismatch_cli.comparison import HIGHER, LOWER, LOWER_ABS, compare_reports, direction_of
 from mismatch_cli.render.compare import render_compare_plots
 from mismatch_cli.report import Report
 
@@ -177,6 +178,18 @@ def test_out_dir_files(runs, tmp_path: Path) -> None:
     assert "candidate_report.json" not in names  # the candidate was a report already
     assert json.loads((out / "compare.json").read_text())["verdict"].startswith("verdict:")
     assert Report.load(out / "base_report.json").intervals
+    page = (out / "compare.html").read_text()
+    body = json.loads((out / "compare.json").read_text())
+    assert page.startswith("<!DOCTYPE html>") and "http://" not in page and "https://" not in page
+    assert page.count("data:image/png;base64,") == len([n for n in names if n.endswith(".png")])
+    assert html.escape(body["verdict"]) in page
+    assert all(html.escape(row["metric"]) in page for row in body["metrics"])
+
+
+def test_no_plots_skips_the_page(runs, tmp_path: Path) -> None:
+    out = tmp_path / "cmp"
+    assert_exit(invoke("compare", runs["reports"]["clean"], runs["reports"]["bad"], "--out-dir", out, "--no-plots"), 0)
+    assert {p.name for p in out.iterdir()} == {"compare.json", "compare.md"}
 
 
 def test_per_round_comparison_and_plots(tmp_path: Path) -> None:

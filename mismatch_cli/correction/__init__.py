@@ -13,6 +13,8 @@ from mismatch_cli.correction.config import (
     UNSET,
     CorrectionConfig,
     build_config,
+    config_from_sources,
+    family_of,
     field_home,
     presets_table,
     resolve,
@@ -38,7 +40,8 @@ from mismatch_cli.correction.verl import PRESETS, PRESETS_071, VERL_DEFAULTS, Pr
 __all__ = [
     "CONFIG_FIELDS", "FAMILIES", "FAMILY_FIELDS", "IS_LEVELS", "PRESETS", "PRESETS_071", "RS_OPTIONS", "SAFETY_BOUND",
     "UNSET", "VERL_DEFAULTS", "VERL_FAMILIES", "CorrectionConfig", "FamilySpec", "IsThreshold", "Preset",
-    "RatioBlockSpec", "ResolvedCorrection", "RsOption", "VetoSpec", "build_config", "field_home", "get_preset",
+    "RatioBlockSpec", "ResolvedCorrection", "RsOption", "VetoSpec", "build_config",
+    "config_from_sources", "family_of", "field_home", "get_preset",
     "older_presets", "parse_is_threshold", "parse_rs_options", "parse_rs_thresholds", "presets_table", "resolve",
     "resolve_family", "threshold_log",
 ]

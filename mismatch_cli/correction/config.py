@@ -106,6 +106,30 @@ def build_config(overrides: dict[str, Any], preset: str | None = None, semantics
     return CorrectionConfig(preset=preset or overrides.get("preset") or None, semantics=semantics, **fields)
 
 
+def family_of(table: dict[str, Any], semantics: str | None, origin: str) -> str:
+    """The family a `[correction]` table and an explicit `semantics` name (the explicit one wins)."""
+    family = semantics if semantics is not None else str(table.get("semantics", "verl"))
+    if family not in FAMILIES:
+        raise ConfigError(f"{origin}: unknown semantics '{family}'", hint=f"use one of {', '.join(FAMILIES)}")
+    return family
+
+
+def config_from_sources(table: dict[str, Any], fields: dict[str, Any], semantics: str | None = None,
+                        preset: str | None = None, origin: str = "[correction]") -> CorrectionConfig:
+    """Merge a `[correction]` table with explicitly given upstream fields (which win) into one configuration."""
+    family = family_of(table, semantics, origin)
+    table = {k: v for k, v in table.items() if k != "semantics"}
+    if family not in VERL_FAMILIES:
+        return CorrectionConfig(semantics=family, family_fields={**table, **fields})
+    for key in table:
+        if key not in FAMILY_FIELDS["verl"] and field_home(key):
+            home = field_home(key)
+            raise ConfigError(f"{origin}: {key} is not a field of verl 0.9's [correction]",
+                              hint=f"add semantics = \"{home.split(',')[0].split(' ')[0]}\" ({key} belongs to {home})")
+    preset = preset or table.pop("preset", None)
+    return build_config({**table, **fields}, preset=preset, semantics=family)
+
+
 def resolve(config: CorrectionConfig) -> ResolvedCorrection:
     """Validate a configuration the way its family's upstream code does and return what the engine needs."""
     family = config.semantics

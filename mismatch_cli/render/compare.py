@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from mismatch_cli.compare import MARKS, Comparison, MetricRow
+from mismatch_cli.comparison import MARKS, Comparison, MetricRow
 from mismatch_cli.render.sections import SHOWN_ROUNDS, format_value, shown_rounds
 from mismatch_cli.report import Report, strict_json
 from mismatch_cli.thresholds import CheckResult

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mismatch_cli.cli import app
-from mismatch_cli.compare import BETTER, NOISE, WORSE, compare_reports
+from mismatch_cli.comparison import BETTER, NOISE, WORSE, compare_reports
 from mismatch_cli.correction import CorrectionConfig
 from mismatch_cli.report import RUN_SETTINGS, Report
 from mismatch_cli.thresholds import parse_rule

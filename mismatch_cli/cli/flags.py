@@ -1,14 +1,17 @@
 """The command line's correction flags: which upstream field each flag sets, per family (SPEC §3.3).
 
-Only the CLI imports this module; the correction model knows field names, never flags.
+Only the CLI imports this module; the correction model knows field names, never flags. It turns the
+flags into upstream field values and hands them, with the `--config` table, to the correction model.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
-from mismatch_cli.correction import FAMILIES
+from mismatch_cli.cli.options import CorrectionFlags, IsLevel
+from mismatch_cli.correction import FAMILIES, VERL_FAMILIES, CorrectionConfig, config_from_sources, family_of, resolve
 from mismatch_cli.correction.parse import pair, plain_number
 from mismatch_cli.errors import MismatchError, UsageError
 from mismatch_cli.numbers import NONE_WORDS, threshold_value
@@ -80,3 +83,55 @@ def name_flags(error: MismatchError, family: str) -> MismatchError:
     if named and error.hint:
         error.hint = f"{error.hint} (on the command line, {'; '.join(named)})"
     return error
+
+
+def flag_values(flags: CorrectionFlags) -> dict[str, Any]:
+    """The correction flags a user gave, keyed by flag as typed (`--is none` is kept apart: it is not unset)."""
+    is_level = None if flags.is_level in (None, IsLevel.none) else flags.is_level.value  # type: ignore[union-attr]
+    return {"--preset": flags.preset, "--is": is_level, "--is-threshold": flags.is_threshold,
+            "--is-batch-normalize": flags.is_batch_normalize, "--rs": flags.rs, "--rs-threshold": flags.rs_threshold,
+            "--k1-bounds": flags.k1_bounds.value if flags.k1_bounds else None,
+            "--is-level": flags.is_level_legacy, "--is-mode": flags.is_mode,
+            "--is-threshold-lower": flags.is_threshold_lower, "--is-mask-threshold": flags.is_mask_threshold,
+            "--rs-threshold-lower": flags.rs_threshold_lower, "--veto-threshold": flags.veto_threshold,
+            "--mask-dtype": flags.mask_dtype.value if flags.mask_dtype else None}
+
+
+def _verl_fields(flags: CorrectionFlags) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    if flags.is_level is not None:
+        fields["rollout_is"] = None if flags.is_level is IsLevel.none else flags.is_level.value
+    if flags.is_threshold is not None:
+        fields["rollout_is_threshold"] = threshold_value(flags.is_threshold, "--is-threshold", allow_none=False)
+    if flags.is_batch_normalize is not None:
+        fields["rollout_is_batch_normalize"] = flags.is_batch_normalize
+    if flags.rs is not None:
+        fields["rollout_rs"] = None if flags.rs.strip().lower() == "none" else flags.rs
+    if flags.rs_threshold is not None:
+        fields["rollout_rs_threshold"] = threshold_value(flags.rs_threshold, "--rs-threshold", allow_none=False)
+    if flags.k1_bounds is not None:
+        fields["k1_bounds"] = flags.k1_bounds.value
+    return fields
+
+
+def correction_from_flags(config_file: Path | None, flags: CorrectionFlags) -> CorrectionConfig:
+    """The configuration the flags and the `--config` file's [correction] table ask for, validated now."""
+    from mismatch_cli.tomlconfig import load_table
+
+    table = {} if config_file is None else load_table(config_file, "correction")
+    semantics = flags.semantics.value if flags.semantics is not None else None
+    family = family_of(table, semantics, str(config_file))
+    given = flag_values(flags)
+    if family in VERL_FAMILIES:
+        family_fields_from_flags(family, {k: v for k, v in given.items() if k not in VERL_FLAGS})
+        fields = _verl_fields(flags)
+    else:
+        fields = family_fields_from_flags(family, given)
+        if flags.is_level is IsLevel.none:
+            fields["rollout_is"] = None
+    config = config_from_sources(table, fields, semantics, flags.preset, origin=str(config_file))
+    try:
+        resolve(config)  # errors come before any input is read
+    except MismatchError as error:
+        raise name_flags(error, family) from None
+    return config

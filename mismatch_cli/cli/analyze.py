@@ -1,0 +1,91 @@
+"""`mismatch analyze`: read dumps, run the correction, print the report and write its files."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mismatch_cli.cli.app import app, guard
+from mismatch_cli.cli.emit import OutputOpt, Rendered, deliver, note, planned_outputs, to_file
+from mismatch_cli.cli.flags import correction_from_flags
+from mismatch_cli.cli.options import (
+    ComputeFlags,
+    ConfigPathOpt,
+    CorrectionFlags,
+    Engine,
+    InputFlags,
+    InputsArg,
+    OutputFormat,
+    QuietOpt,
+    bundled,
+    parse_by,
+    read_options,
+)
+
+
+@app.command()
+@guard
+@bundled(CorrectionFlags, InputFlags, ComputeFlags)
+def analyze(
+    inputs: InputsArg,
+    correction_flags: CorrectionFlags,
+    input_flags: InputFlags,
+    compute: ComputeFlags,
+    config: ConfigPathOpt = None,
+    by: Annotated[
+        list[str],
+        typer.Option("--by", help="Also report each step (`step`) or each value of a column (e.g. env_name) as its "
+                     "own batch. Repeatable."),
+    ] = [],  # noqa: B006 - typer needs a literal default
+    out_dir: Annotated[
+        Path | None, typer.Option("--out-dir", help="Write DIR/report.json, DIR/*.png and DIR/report.html.")
+    ] = None,
+    output_format: Annotated[OutputFormat, typer.Option("--format", help="Report format on stdout / -o.")] = (
+        OutputFormat.table
+    ),
+    output: OutputOpt = None,
+    no_plots: Annotated[
+        bool, typer.Option("--no-plots", help="With --out-dir: skip the PNG plots and report.html.")
+    ] = False,
+    quiet: QuietOpt = False,
+    engine: Annotated[Engine, typer.Option("--engine", help="local, or ray: the same accumulators on a "
+                                           "Ray cluster (pip install 'mismatch-cli[ray]').")] = Engine.local,
+    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join (default: "
+                                                    "RAY_ADDRESS, else a local one).")] = None,
+) -> None:
+    """Analyze rollout dumps: verl's rollout-correction metrics, health summary, report.json."""
+    from mismatch_cli.api import analyze as run_analysis
+    from mismatch_cli.api import check_bootstrap
+    from mismatch_cli.render.files import report_files
+    from mismatch_cli.render.markdown import render_markdown
+    from mismatch_cli.render.progress import reading_progress
+    from mismatch_cli.render.table import render_tables
+
+    replicates = check_bootstrap(compute.bootstrap)
+    correction = correction_from_flags(config, correction_flags)
+    outputs = planned_outputs([*inputs, config], out_dir, output)
+    options = read_options(input_flags)
+    with reading_progress(inputs, enabled=not quiet and sys.stderr.isatty()) as on_batch:
+        report = run_analysis(inputs, correction=correction, read_options=options, device=compute.device,
+                              dtype=compute.dtype.value, group_by=parse_by(by), on_batch=on_batch,
+                              engine=engine.value, ray_address=ray_address, bootstrap=replicates)
+    rendered = Rendered(output_format, report.to_json, lambda: render_markdown(report),
+                        lambda console: render_tables(report, console, warnings=not quiet))
+    outputs.protect(entry.path for entry in report.inputs)  # files found in input folders
+    written = []
+    if out_dir is not None:
+        # Rendered before anything is written, so a failure leaves no partial output.
+        files = report_files(report, plots=not no_plots)
+        for name, data in files.items():
+            outputs.add(out_dir / name, data, "--out-dir")
+        written.append(f"wrote {out_dir / 'report.json'}")
+        if not no_plots:
+            plots = [name for name in files if name.endswith(".png")]
+            written.append(f"wrote {out_dir / 'report.html'} and {len(plots)} plots ({', '.join(plots) or 'none'})")
+    deliver(outputs, output, rendered)
+    if output_format is not OutputFormat.table or to_file(output):
+        note(quiet, *(f"warning: {warning}" for warning in report.warnings))
+    note(quiet, *written, *([f"wrote {output}"] if to_file(output) else []))

@@ -1,0 +1,81 @@
+"""The one output helper every command uses: render once, then `-o FILE` (atomic, with the other files) or stdout."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from mismatch_cli.cli.options import OutputFormat
+from mismatch_cli.output import Outputs
+
+OutputOpt = Annotated[str | None, typer.Option("-o", "--output", help="Write the output to FILE ('-' = stdout).")]
+
+
+def to_file(output: str | None) -> bool:
+    """Whether `-o` names a file (not absent, not '-')."""
+    return output is not None and output != "-"
+
+
+def planned_outputs(inputs: Iterable[Any], out_dir: Path | None = None, output: str | None = None) -> Outputs:
+    """The command's outputs, refused now (before any work) when they cannot be written or would hit an input."""
+    outputs = Outputs(list(inputs))
+    if out_dir is not None:
+        outputs.check_dir(out_dir, "--out-dir")
+    if to_file(output):
+        outputs.check(output, "-o")  # type: ignore[arg-type]
+    return outputs
+
+
+def console_text(draw: Callable[[Console], None]) -> str:
+    """What `draw` prints on a 120-column terminal, as plain text (for `-o FILE`)."""
+    with open(os.devnull, "w") as sink:
+        console = Console(record=True, file=sink, width=120, color_system=None)
+        draw(console)
+    return console.export_text()
+
+
+class Rendered:
+    """One result in one format: its text (for `-o`) and how to show it on standard output."""
+
+    def __init__(self, output_format: OutputFormat, as_json: Callable[[], str], as_markdown: Callable[[], str],
+                 draw: Callable[[Console], None]) -> None:
+        self.draw = draw if output_format is OutputFormat.table else None
+        if output_format is OutputFormat.json:
+            self.text = as_json()
+        elif output_format is OutputFormat.markdown:
+            self.text = as_markdown()
+        else:
+            self.text = console_text(draw)
+
+    def show(self) -> None:
+        """Print on standard output: tables on the live terminal (its width, its colours), text as is."""
+        if self.draw is not None:
+            self.draw(Console(highlight=False))
+        else:
+            sys.stdout.write(self.text)
+
+
+def deliver(outputs: Outputs, output: str | None, rendered: Rendered) -> None:
+    """Write every planned file and `-o FILE` all or nothing, then show the result on stdout unless `-o` took it."""
+    if to_file(output):
+        outputs.add(output, rendered.text, "-o")  # type: ignore[arg-type]
+    outputs.commit()
+    if not to_file(output):
+        rendered.show()
+
+
+def note(quiet: bool, *lines: str) -> None:
+    """Print notes (what was written, warnings) on standard error unless `-q`."""
+    if quiet:
+        return
+    from mismatch_cli.cli.app import stderr
+
+    console = stderr()
+    for line in lines:
+        console.print(line, markup=False)

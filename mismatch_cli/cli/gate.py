@@ -1,0 +1,184 @@
+"""`mismatch compare` and `mismatch check`: two runs side by side, and the CI gate."""
+
+from __future__ import annotations
+
+import enum
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from mismatch_cli.cli.app import app, guard, stderr
+from mismatch_cli.cli.emit import OutputOpt, Rendered, deliver, note, planned_outputs
+from mismatch_cli.cli.flags import correction_from_flags
+from mismatch_cli.cli.options import (
+    ComputeFlags,
+    CorrectionFlags,
+    FailOnOpt,
+    InputFlags,
+    MissingOpt,
+    OutputFormat,
+    QuietOpt,
+    bundled,
+    read_options,
+)
+from mismatch_cli.errors import MismatchError
+
+LimitsConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="TOML with [check] (fail_on, baseline, missing) and [correction].")
+]
+
+
+class GithubMode(str, enum.Enum):
+    """GitHub Actions annotations and step summary: auto = when GITHUB_ACTIONS=true."""
+
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
+def _analyze_options(input_flags: InputFlags, compute: ComputeFlags) -> dict[str, Any]:
+    from mismatch_cli.api import check_bootstrap
+
+    return {"read_options": read_options(input_flags), "device": compute.device, "dtype": compute.dtype.value,
+            "bootstrap": check_bootstrap(compute.bootstrap)}
+
+
+@app.command()
+@guard
+@bundled(CorrectionFlags, InputFlags, ComputeFlags)
+def compare(
+    base: Annotated[str, typer.Argument(help="The reference: a dump, a folder of dumps, or a report.json.")],
+    candidate: Annotated[str, typer.Argument(help="Judged against BASE: a dump, a folder of dumps, or a report.json.")],
+    correction_flags: CorrectionFlags,
+    input_flags: InputFlags,
+    compute: ComputeFlags,
+    config: LimitsConfigOpt = None,
+    fail_on: FailOnOpt = [],  # noqa: B006 - typer needs a literal default
+    missing: MissingOpt = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out-dir", help="Write compare.json, compare.md, each side's report, "
+                     "overlaid plots and compare.html.")
+    ] = None,
+    output_format: Annotated[OutputFormat, typer.Option("--format", help="What is printed on stdout / -o.")] = (
+        OutputFormat.table
+    ),
+    output: OutputOpt = None,
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip the plots and compare.html in --out-dir.")] = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Compare two runs side by side (BASE is the reference); exit 1 only when a given limit is breached."""
+    from mismatch_cli.gate import compare as run_compare
+    from mismatch_cli.render.compare import render_compare_json, render_compare_markdown, render_compare_table
+    from mismatch_cli.render.files import compare_files
+    from mismatch_cli.tomlconfig import load_table
+
+    correction = correction_from_flags(config, correction_flags)
+    flags_given = correction_flags.given() or bool(config is not None and load_table(config, "correction"))
+    outputs = planned_outputs([base, candidate, config], out_dir, output)
+    result = run_compare(base, candidate, fail_on, missing.value if missing else None,
+                         correction=correction if flags_given else None, config=config,
+                         **_analyze_options(input_flags, compute))
+    comparison = result.comparison
+    rendered = Rendered(output_format, lambda: render_compare_json(comparison),
+                        lambda: render_compare_markdown(comparison),
+                        lambda console: render_compare_table(comparison, console))
+    for side in (result.base, result.candidate):
+        outputs.protect(entry.path for entry in side.report.inputs)
+    if out_dir is not None:
+        for name, data in compare_files(result.comparison, result.base.report, result.candidate.report,
+                                        reports={"base": not result.base.from_report,
+                                                 "candidate": not result.candidate.from_report},
+                                        plots=not no_plots).items():
+            outputs.add(out_dir / name, data, "--out-dir")
+    deliver(outputs, output, rendered)
+    if out_dir is not None:
+        note(quiet, f"wrote {out_dir}/compare.json, compare.md" + ("" if no_plots else ", compare.html and plots"))
+    note(quiet, comparison.verdict())
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
+
+
+@app.command()
+@guard
+@bundled(CorrectionFlags, InputFlags, ComputeFlags)
+def check(
+    inputs: Annotated[list[str], typer.Argument(help="Dumps (files, folders, globs) or one report.json.")],
+    correction_flags: CorrectionFlags,
+    input_flags: InputFlags,
+    compute: ComputeFlags,
+    baseline: Annotated[
+        str | None, typer.Option("--baseline", help="Report (report.json) that relative rules compare against.")
+    ] = None,
+    config: LimitsConfigOpt = None,
+    fail_on: FailOnOpt = [],  # noqa: B006 - typer needs a literal default
+    missing: MissingOpt = None,
+    junit_xml: Annotated[Path | None, typer.Option("--junit-xml", help="Write JUnit XML (one case per rule).")] = None,
+    github: Annotated[
+        GithubMode, typer.Option("--github", help="Annotations and step summary: auto (GITHUB_ACTIONS=true), on, off.")
+    ] = GithubMode.auto,
+    output_format: Annotated[OutputFormat, typer.Option("--format", help="What is printed on stdout / -o.")] = (
+        OutputFormat.table
+    ),
+    output: OutputOpt = None,
+    out_dir: Annotated[Path | None, typer.Option("--out-dir", help="Write DIR/report.json of the input.")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """The CI gate: hold a dump (or report) to limits; exit 1 on a breach, 2 on a bad rule, 3 on bad input."""
+    import json
+
+    from mismatch_cli.gate import check as run_check
+    from mismatch_cli.gate import could_not_run
+    from mismatch_cli.output import append_text
+    from mismatch_cli.render.compare import render_check_markdown, render_check_table
+    from mismatch_cli.render.github import annotations, step_summary
+    from mismatch_cli.render.junit import render_junit
+    from mismatch_cli.thresholds import CheckResult
+
+    label = " ".join(inputs)
+    github_on = github is GithubMode.on or (github is GithubMode.auto and os.environ.get("GITHUB_ACTIONS") == "true")
+    outputs = planned_outputs([*inputs, baseline, config])
+    if junit_xml is not None:
+        outputs.check(junit_xml, "--junit-xml")  # before the try: a broken --junit-xml cannot report itself
+
+    def publish(result: CheckResult, baseline_label: str | None) -> None:
+        # JUnit and annotations first, so CI sees them whatever the exit code.
+        if junit_xml is not None:
+            outputs.add(junit_xml, render_junit(result, label), "--junit-xml")
+        if github_on:
+            err = stderr()
+            for line in annotations(result):
+                err.print(line, markup=False, highlight=False, soft_wrap=True)
+            summary = os.environ.get("GITHUB_STEP_SUMMARY")
+            if summary:
+                problem = append_text(summary, step_summary(result, label, baseline_label) + "\n")
+                if problem:
+                    err.print(f"warning: GITHUB_STEP_SUMMARY: {problem}", markup=False)
+
+    try:
+        correction = correction_from_flags(config, correction_flags)
+        if out_dir is not None:
+            outputs.check_dir(out_dir, "--out-dir")
+        if output is not None and output != "-":
+            outputs.check(output, "-o")
+        run = run_check(inputs, fail_on, baseline, missing.value if missing else None, correction=correction,
+                        config=config, **_analyze_options(input_flags, compute))
+    except MismatchError as exc:
+        # The gate could not run: still leave a JUnit case / annotation that says why.
+        publish(could_not_run(exc), baseline)
+        outputs.commit()
+        raise
+    result = run.result
+    outputs.protect(entry.path for report in (run.candidate, run.baseline) if report for entry in report.inputs)
+    if out_dir is not None:
+        outputs.add(out_dir / "report.json", run.candidate.to_json(), "--out-dir")
+    publish(result, run.baseline_label)
+    title = f"mismatch check: {label}" + (f" (baseline {run.baseline_label})" if run.baseline_label else "")
+    rendered = Rendered(output_format, lambda: json.dumps(result.to_dict(), indent=2) + "\n",
+                        lambda: render_check_markdown(result, title),
+                        lambda console: render_check_table(result, console, title))
+    deliver(outputs, output, rendered)
+    note(quiet, result.verdict())
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)

@@ -1,0 +1,38 @@
+"""The files `analyze --out-dir` and `compare --out-dir` write, rendered in memory first (none half-written)."""
+
+from __future__ import annotations
+
+from mismatch_cli.comparison import Comparison
+from mismatch_cli.report import Report
+
+
+def report_files(report: Report, plots: bool = True) -> dict[str, str | bytes]:
+    """`report.json`, and unless `plots` is off the PNG plots and the self-contained `report.html`."""
+    files: dict[str, str | bytes] = {"report.json": report.to_json()}
+    if plots:
+        from mismatch_cli.render.html import render_html
+        from mismatch_cli.render.plots import render_plots
+
+        figures = render_plots(report)
+        files.update(figures)
+        files["report.html"] = render_html(report, figures)
+    return files
+
+
+def compare_files(comparison: Comparison, base: Report, candidate: Report, reports: dict[str, bool],
+                  plots: bool = True) -> dict[str, str | bytes]:
+    """`compare.json`, `compare.md`, each side's report when analyzed from dumps, the plots and `compare.html`."""
+    from mismatch_cli.render.compare import render_compare_json, render_compare_markdown, render_compare_plots
+
+    files: dict[str, str | bytes] = {"compare.json": render_compare_json(comparison),
+                                     "compare.md": render_compare_markdown(comparison)}
+    for name, report in (("base", base), ("candidate", candidate)):
+        if reports.get(name):
+            files[f"{name}_report.json"] = report.to_json()
+    if plots:
+        from mismatch_cli.render.compare_html import render_compare_html
+
+        images = render_compare_plots(comparison, base, candidate)
+        files.update(images)
+        files["compare.html"] = render_compare_html(comparison, images)
+    return files
