@@ -43,7 +43,7 @@ def _unpack(data: Any) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
                              hint="pass verl's DataProto, a dict with 'batch' (a TensorDict or dict), or a dict "
                              "of [B, T] tensors")
         return batch, meta if isinstance(meta, Mapping) else {}
-    if isinstance(data, Mapping):
+    if isinstance(data, Mapping) or (hasattr(data, "keys") and hasattr(data, "__getitem__")):  # a TensorDict
         return data, {}
     raise InputError(f"write_dump: cannot read tensors from a {type(data).__name__}",
                      hint="pass verl's DataProto, a dict with 'batch', or a dict of [B, T] tensors; or use the "

@@ -144,3 +144,28 @@ def test_import_stays_free_of_torch() -> None:
     code = ("import sys, mismatch_cli; mismatch_cli.write_dump; import mismatch_cli.dump; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
+
+
+class FakeTensorDict:
+    """Shaped like tensordict.TensorDict: keys() and [] but not a collections.abc.Mapping."""
+
+    def __init__(self, tensors: dict) -> None:
+        self._tensors = tensors
+        self.batch_size = [len(next(iter(tensors.values())))]
+
+    def keys(self):
+        return self._tensors.keys()
+
+    def __getitem__(self, key: str):
+        return self._tensors[key]
+
+
+def test_a_tensordict_like_batch_directly_or_inside_a_dataproto(tmp_path: Path) -> None:
+    batch = make_batch(10)
+    td = FakeTensorDict({k: torch.tensor(v) for k, v in batch.items()})
+    direct = mismatch_cli.write_dump(tmp_path / "a.parquet", td, dtype="float64")
+    inside = mismatch_cli.write_dump(tmp_path / "b", SimpleNamespace(batch=td, meta_info={"global_steps": 5}),
+                                     dtype="float64")
+    assert inside.name == "step_000005.parquet"
+    for path in (direct, inside):
+        assert_metrics(analyzed(path), expected([batch]), rel=1e-9)
