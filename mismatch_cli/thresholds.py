@@ -14,6 +14,7 @@ from mismatch_cli.errors import UsageError
 from mismatch_cli.report import SCHEMA_VERSION, Report
 from mismatch_cli.rules import RULE_GRAMMAR, RULE_HELP, Rule, parse_rule
 from mismatch_cli.scopes import (
+    ALL_GROUPS,
     QUANTIFIERS,
     Entry,
     entries,
@@ -286,6 +287,13 @@ def evaluate(rules: list[Rule], candidate: Report, baseline: Report | None, miss
     return CheckResult([evaluate_rule(rule, candidate, baseline, missing) for rule in rules])
 
 
+def grouping_for(rules: list[Rule]) -> tuple[bool, tuple[str, ...]]:
+    """(by_step, group_by) an analysis needs for rules over steps or `--by` columns (`group` names no column)."""
+    scopes = [r.scope for r in rules if r.scope is not None]
+    columns = tuple(dict.fromkeys(s for s in scopes if s not in ("step", ALL_GROUPS)))
+    return "step" in scopes, columns
+
+
 def require_baseline(rules: list[Rule], baseline: str | None) -> None:
     """Refuse relative rules when no baseline is given (exit 2, before any input is read)."""
     relative = [r.text for r in rules if r.relative]
@@ -304,6 +312,7 @@ __all__ = [
     "Rule",
     "evaluate",
     "evaluate_rule",
+    "grouping_for",
     "load_check_config",
     "parse_rule",
     "require_baseline",

@@ -158,3 +158,33 @@ def test_to_dict_carries_scope_and_where() -> None:
     assert body["aggregate"] == "every" and body["scope"] == "step" and body["where"] == ["step 12", "step 11"]
     plain = outcome("abs(kl)<=0.01").to_dict()
     assert plain["aggregate"] is None and plain["scope"] is None and plain["where"] == []
+
+
+def test_grouping_an_analysis_needs_for_the_rules() -> None:
+    from mismatch_cli.thresholds import grouping_for
+
+    rules = [parse_rule(t) for t in ("abs(kl)<=0.01", "max(step:kl)<=1", "every(env_name:kl)<=1",
+                                     "any(group:kl)<=1", "mean(env_name:chi2_token)<=1")]
+    assert grouping_for(rules) == (True, ("env_name",))
+    assert grouping_for(rules[:1]) == (False, ())
+
+
+def test_check_holds_a_saved_report_to_rules_over_steps(tmp_path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "report.json"
+    path.write_text(RUN.to_json())
+    root = Path(__file__).parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    run = subprocess.run([sys.executable, "-m", "mismatch_cli", "check", str(path), "--format", "json",
+                          "--fail-on", "every(step:abs(kl))<=5e-4", "--fail-on", "max(env_name:abs(kl))<=0.1"],
+                         capture_output=True, text=True, env=env, cwd=root)
+    assert run.returncode == 1, run.stderr
+    rules = json.loads(run.stdout)["rules"]
+    assert [r["status"] for r in rules] == ["fail", "pass"]
+    assert rules[0]["where"] == ["step 12", "step 11"] and rules[1]["where"] == ["env_name=code"]
+    assert "step 12" in run.stderr  # the verdict line names the worst step
