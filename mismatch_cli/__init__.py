@@ -6,7 +6,7 @@ from typing import Any
 
 from mismatch_cli.version import __version__
 
-__all__ = ["__version__", "analyze", "compare", "check", "Report", "CorrectionConfig"]
+__all__ = ["__version__", "analyze", "compare", "check", "Report", "CorrectionConfig", "write_dump"]
 
 
 def __getattr__(name: str) -> Any:
@@ -27,4 +27,8 @@ def __getattr__(name: str) -> Any:
         from mismatch_cli.correction import CorrectionConfig
 
         return CorrectionConfig
+    if name == "write_dump":
+        from mismatch_cli.dump import write_dump
+
+        return write_dump
     raise AttributeError(name)

@@ -1,32 +1,36 @@
 """Two runs side by side: BASE is the reference, CANDIDATE is judged against it (pyperf / asv semantics).
 
 Each side is a finished `Report` (read from report.json, or analyzed from dumps first). A change is
-`~` (within noise) when the two 95 % bootstrap intervals overlap; otherwise it is `+` (worse) or
-`-` (better) by the metric's direction; `x` marks a metric only one side has, `!` a breached limit.
+`~` (within noise) when the two 95 % bootstrap intervals overlap, `=` (no practical change) when it is
+smaller than the metric's minimal practical difference (registry default, or the caller's); otherwise
+it is `+` (worse) or `-` (better) by the metric's direction; `x` marks a metric only one side has, `!`
+a breached limit.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mismatch_cli.errors import DataError
-from mismatch_cli.metrics import Direction
+from mismatch_cli.errors import DataError, UsageError
+from mismatch_cli.metrics import Direction, aliases_of, closest, lookup, resolve_name
 from mismatch_cli.metrics import direction_of as registry_direction
+from mismatch_cli.numbers import parse_number
 from mismatch_cli.report import SCHEMA_VERSION, Report
 from mismatch_cli.thresholds import CheckResult, Rule, evaluate
 
 # Directions come from the metric registry (never guessed from a name); kept here under their old names.
 LOWER, HIGHER, CLOSER_TO_1, LOWER_ABS = Direction.LOWER, Direction.HIGHER, Direction.CLOSER_TO_1, Direction.LOWER_ABS
 
-WORSE, BETTER, NOISE, BREACH, ONE_SIDE, CHANGED = "+", "-", "~", "!", "x", "*"
+WORSE, BETTER, NOISE, SAME, BREACH, ONE_SIDE, CHANGED = "+", "-", "~", "=", "!", "x", "*"
 MARKS = {
     WORSE: "worse",
     BETTER: "better",
     NOISE: "within noise (the 95 % intervals overlap, or equal values)",
+    SAME: "no practical change (smaller than the metric's minimal practical difference)",
     BREACH: "limit breached",
     ONE_SIDE: "only on one side",
     CHANGED: "changed; no better direction (a count, or a metric the registry does not know)",
@@ -75,6 +79,7 @@ class MetricRow:
     mark: str
     base_interval: list[float] | None = None
     candidate_interval: list[float] | None = None
+    min_difference: float | None = None  # the smallest change that counts, in the metric's unit (None: any)
 
     @property
     def change(self) -> float | None:
@@ -96,7 +101,8 @@ class MetricRow:
         return {"metric": self.metric, "base": self.base, "candidate": self.candidate, "change": self.change,
                 "relative_change": self.relative,
                 "direction": None if self.direction is None else self.direction.phrase, "mark": self.mark,
-                "base_interval": self.base_interval, "candidate_interval": self.candidate_interval}
+                "base_interval": self.base_interval, "candidate_interval": self.candidate_interval,
+                "min_difference": self.min_difference}
 
 
 @dataclass
@@ -140,7 +146,8 @@ class Comparison:
         worse = [r.metric for r in self.rows if r.mark == WORSE]
         better = [r.metric for r in self.rows if r.mark == BETTER]
         parts = [f"{counts[WORSE]} worse", f"{counts[BETTER]} better", f"{counts[NOISE]} within noise"]
-        for mark, words in ((BREACH, "breached"), (ONE_SIDE, "only on one side"), (CHANGED, "changed")):
+        for mark, words in ((SAME, "below the practical difference"), (BREACH, "breached"),
+                            (ONE_SIDE, "only on one side"), (CHANGED, "changed")):
             if counts[mark]:
                 parts.append(f"{counts[mark]} {words}")
         summary = ", ".join(parts)
@@ -190,13 +197,15 @@ def _overlap(a: list[float] | None, b: list[float] | None) -> bool | None:
 
 
 def _mark(base: float | None, candidate: float | None, direction: Direction | None, overlap: bool | None,
-          breached: bool) -> str:
+          breached: bool, min_difference: float | None = None) -> str:
     if base is None or candidate is None:
         return ONE_SIDE
     if breached:
         return BREACH
     if overlap or base == candidate:
         return NOISE
+    if min_difference is not None and abs(candidate - base) < min_difference:
+        return SAME
     if direction is None:
         return CHANGED
     return WORSE if direction.badness(candidate) > direction.badness(base) else BETTER
@@ -226,6 +235,67 @@ def _config_notes(base: Report, candidate: Report) -> list[str]:
             "on the other side"]
 
 
+# ------------------------------------------------------------------------ minimal practical difference
+DIFFERENCE_HINT = "write METRIC=AMOUNT (in the metric's unit, e.g. kl=1e-4) or METRIC=N% (of |base|), or METRIC=none"
+
+
+def _difference(value: float | str | None, what: str) -> tuple[float, bool] | None:
+    """(amount, relative) of one override: a number is absolute, 'N%' a fraction of |base|, None / 'none' no MPD."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
+        return None
+    relative = isinstance(value, str) and value.strip().endswith("%")
+    number = parse_number(value.strip().removesuffix("%") if isinstance(value, str) else value, what,
+                          hint=DIFFERENCE_HINT)
+    if number < 0:
+        raise UsageError(f"{what} must be >= 0, got {value!r}", hint=DIFFERENCE_HINT)
+    return (number / 100.0, True) if relative else (number, False)
+
+
+def resolve_min_differences(overrides: Mapping[str, float | str | None] | None = None,
+                            origin: str = "min_difference") -> dict[str, tuple[float, bool] | None]:
+    """The caller's minimal practical differences by registered key (and its older-family aliases), validated."""
+    resolved: dict[str, tuple[float, bool] | None] = {}
+    for name, value in (overrides or {}).items():
+        key = resolve_name(name)
+        if key is None:
+            close = closest(name)
+            tail = f"did you mean {', '.join(close)}?" if close else "run `mismatch metrics` to list the metrics"
+            raise UsageError(f"{origin}: unknown metric {name!r}", hint=tail)
+        difference = _difference(value, f"{origin} of {name}")
+        for target in (key, *aliases_of(key)):
+            resolved[target] = difference
+    return resolved
+
+
+def parse_min_differences(texts: list[str], origin: str = "--min-difference") -> dict[str, str]:
+    """`METRIC=AMOUNT` / `METRIC=N%` strings (a repeatable flag) as the mapping `compare_reports` takes."""
+    parsed: dict[str, str] = {}
+    for text in texts:
+        name, sep, value = text.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise UsageError(f"{origin}: cannot read {text!r}", hint=DIFFERENCE_HINT)
+        parsed[name.strip()] = value.strip()
+    resolve_min_differences(parsed, origin)  # refuse bad names and amounts before any input is read
+    return parsed
+
+
+def min_difference_of(key: str, base: float | None,
+                      overrides: Mapping[str, tuple[float, bool] | None] | None = None) -> float | None:
+    """The smallest change of `key` that counts (in its unit), from the overrides or the registry; None: any."""
+    if overrides is not None and key in overrides:
+        difference = overrides[key]
+    else:
+        metric = lookup(key)
+        difference = None if metric is None or metric.practical_difference is None else (
+            metric.practical_difference, metric.practical_relative)
+    if difference is None:
+        return None
+    amount, relative = difference
+    if not relative:
+        return amount
+    return None if base is None else amount * abs(base)
+
+
 def compare_reports(
     base: Report,
     candidate: Report,
@@ -233,14 +303,21 @@ def compare_reports(
     missing: str = "error",
     base_label: str = "base",
     candidate_label: str = "candidate",
+    min_difference: Mapping[str, float | str | None] | None = None,
 ) -> Comparison:
-    """Compare two finished reports; with rules, hold the candidate to them (BASE is the baseline)."""
+    """Compare two finished reports; with rules, hold the candidate to them (BASE is the baseline).
+
+    `min_difference` overrides the registry's minimal practical differences, by metric: a number is an
+    amount in the metric's unit, `"N%"` a fraction of |base|, None no minimum; a smaller change is `=`.
+    """
     rules = rules or []
+    differences = resolve_min_differences(min_difference)
     check = evaluate(rules, candidate, base, missing) if rules else None
-    breached = {o.metric for o in check.outcomes if o.status == "fail"} if check else set()
+    # Rules over steps or groups judge per-step / per-group values, not the row of the overall metric.
+    plain = [o for o in (check.outcomes if check else []) if o.rule.scope is None]
+    breached = {o.metric for o in plain if o.status == "fail"}
     keys = [k for k in HEADLINE if k in base.metrics or k in candidate.metrics]
-    keys += [o.metric for o in (check.outcomes if check else []) if o.metric in base.metrics
-             or o.metric in candidate.metrics]
+    keys += [o.metric for o in plain if o.metric in base.metrics or o.metric in candidate.metrics]
     keys += sorted(k for k in set(base.metrics) | set(candidate.metrics)
                    if k not in keys and "veto" in k and "fraction" in k)
     keys = list(dict.fromkeys(keys))
@@ -255,8 +332,9 @@ def compare_reports(
         b, c = _value(base, key), _value(candidate, key)
         bi, ci = base.intervals.get(key), candidate.intervals.get(key)
         direction = direction_of(key)
-        rows.append(MetricRow(key, b, c, direction, _mark(b, c, direction, _overlap(bi, ci), key in breached),
-                              bi, ci))
+        least = min_difference_of(key, b, differences)
+        rows.append(MetricRow(key, b, c, direction, _mark(b, c, direction, _overlap(bi, ci), key in breached, least),
+                              bi, ci, least))
     notes = _config_notes(base, candidate)
     unjudged = [r.metric for r in rows if r.base is not None and r.candidate is not None
                 and not (r.base_interval and r.candidate_interval)]
@@ -304,6 +382,7 @@ __all__ = [
     "LOWER",
     "LOWER_ABS",
     "MARKS",
+    "DIFFERENCE_HINT",
     "Comparison",
     "MetricRow",
     "RoundRow",
@@ -312,4 +391,7 @@ __all__ = [
     "direction_of",
     "is_report_path",
     "load_side",
+    "min_difference_of",
+    "parse_min_differences",
+    "resolve_min_differences",
 ]

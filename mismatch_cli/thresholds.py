@@ -6,82 +6,28 @@ Rules are evaluated on finished reports only; nothing here touches a dump or tor
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mismatch_cli.errors import UsageError
-from mismatch_cli.numbers import NUMBER_LITERAL, parse_number
 from mismatch_cli.report import SCHEMA_VERSION, Report
+from mismatch_cli.rules import RULE_GRAMMAR, RULE_HELP, Rule, parse_rule
+from mismatch_cli.scopes import (
+    ALL_GROUPS,
+    QUANTIFIERS,
+    Entry,
+    entries,
+    listing,
+    missing_scope,
+    reduce,
+    resolve_metric,
+    scope_rows,
+    scope_words,
+)
 
 MISSING_POLICIES = ("error", "warn", "skip")
 VERL_PREFIX = "rollout_corr/"
-_NUMBER = NUMBER_LITERAL.pattern
-_UNSIGNED = _NUMBER.removeprefix("[+-]?")
-# The rule grammar, in one place: a metric, or abs(metric), then an absolute bound or a relative change.
-_TARGET = r"(?:abs\(\s*(?P<abs_metric>[^\s<>=:()]+)\s*\)|(?P<metric>[^\s<>=:()]+))"
-_ABSOLUTE = re.compile(rf"^\s*{_TARGET}\s*(?P<op><=|>=|<|>)\s*(?P<value>{_NUMBER})\s*$")
-_RELATIVE = re.compile(
-    rf"^\s*{_TARGET}\s*:\s*(?P<sign>\+/-|\+-|±|\+|-)\s*(?P<value>{_UNSIGNED})\s*(?P<pct>%)?\s*$"
-)
-RULE_GRAMMAR = (
-    "METRIC<=X, METRIC>=X, METRIC<X, METRIC>X (absolute), or METRIC:+N% / METRIC:-N% / METRIC:±N% "
-    "(relative to the baseline; without % the change is absolute); abs(METRIC) holds the magnitude, "
-    "e.g. rollout_corr/kl<=0.01, abs(kl)<=0.01, rollout_corr/chi2_token:+10%"
-)
-RULE_HELP = ("A limit: METRIC<=X, >=, <, > or METRIC:+N% / :-N% / :±N% relative to the baseline; abs(METRIC) "
-             "for its magnitude, e.g. 'abs(kl)<=0.01'. Repeatable; adds to the [check] table of --config.")
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One limit on one metric: absolute (`op` is <=, >=, < or >) or relative to a baseline (`op` is +, - or ±)."""
-
-    text: str
-    metric: str
-    op: str
-    value: float
-    percent: bool = False
-    origin: str = "--fail-on"
-    magnitude: bool = False  # abs(METRIC): the rule holds |value| (and |baseline|)
-
-    @property
-    def relative(self) -> bool:
-        """Whether the rule needs a baseline."""
-        return self.op in ("+", "-", "±")
-
-    @property
-    def subject(self) -> str:
-        """What the rule holds: the metric, or |metric|."""
-        return f"|{self.metric}|" if self.magnitude else self.metric
-
-    def describe(self) -> str:
-        """The rule in words."""
-        if not self.relative:
-            return f"{self.subject} {self.op} {self.value:g}"
-        amount = f"{self.value:g}%" if self.percent else f"{self.value:g}"
-        verb = {"+": "may grow by at most", "-": "may drop by at most", "±": "may change by at most"}[self.op]
-        return f"{self.subject} {verb} {amount} vs baseline"
-
-
-def parse_rule(text: str, origin: str = "--fail-on") -> Rule:
-    """Parse one rule; a malformed rule is a usage error (exit 2)."""
-    what = f"{origin}: the limit of rule '{text.strip()}'"
-    match = _ABSOLUTE.match(text)
-    if match:
-        value = parse_number(match["value"], what, hint=f"write {RULE_GRAMMAR}")
-        return Rule(text.strip(), match["metric"] or match["abs_metric"], match["op"], value,
-                    origin=origin, magnitude=match["abs_metric"] is not None)
-    match = _RELATIVE.match(text)
-    if match:
-        sign = "±" if match["sign"] in ("+/-", "+-", "±") else match["sign"]
-        value = parse_number(match["value"], what, hint=f"write {RULE_GRAMMAR}")
-        return Rule(text.strip(), match["metric"] or match["abs_metric"], sign, value,
-                    percent=match["pct"] is not None, origin=origin, magnitude=match["abs_metric"] is not None)
-    raise UsageError(f"{origin}: cannot parse rule '{text}'", hint=f"write {RULE_GRAMMAR}")
-
-
 @dataclass
 class CheckConfig:
     """The `[check]` table: rules, an optional baseline and the missing-metric policy."""
@@ -129,12 +75,14 @@ class Outcome:
     message: str = ""
     severity: float = 0.0  # how far past the bound, relative to its scale (orders breaches worst first)
     exit_code: int = 0  # for `error`: 2 (the rule is wrong for this data) or 3 (the data lacks a value)
+    where: list[str] = field(default_factory=list)  # scoped rules: the steps / groups that breach (or hold the value)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping."""
         return {"rule": self.rule.text, "metric": self.metric or self.rule.metric, "status": self.status,
                 "value": self.value, "baseline": self.baseline, "bound": self.bound, "message": self.message,
-                "origin": self.rule.origin}
+                "origin": self.rule.origin, "aggregate": self.rule.aggregate, "scope": self.rule.scope,
+                "where": list(self.where)}
 
 
 @dataclass
@@ -203,8 +151,41 @@ def _bound(rule: Rule, base: float) -> tuple[float | None, float | None]:
     return upper, lower
 
 
+def _judge(rule: Rule, metric: str, name: str, value: float, base: float | None) -> Outcome:
+    """Hold one value (a metric, |metric| or an aggregate) to an absolute rule, or to a relative one vs `base`."""
+    if not rule.relative:
+        limit = rule.value
+        ok = _holds(rule.op, value, limit)
+        scale = max(abs(limit), 1e-12)
+        return Outcome(rule, "pass" if ok else "fail", metric, value=value, bound=limit,
+                       severity=0.0 if ok else abs(value - limit) / scale,
+                       message=f"{name} = {value:.6g} {'satisfies' if ok else 'breaches'} {rule.op} {limit:g}")
+    assert base is not None
+    upper, lower = _bound(rule, base)
+    over = upper is not None and value > upper
+    under = lower is not None and value < lower
+    bound = upper if over or lower is None else lower
+    scale = max(abs(bound - base), abs(base) * 1e-9, 1e-12)
+    change = (value - base) / abs(base) * 100.0 if base else math.inf if value != base else 0.0
+    change_text = f"{change:+.3g}%" if math.isfinite(change) else f"{value - base:+.3g}"
+    allowed = rule.text.rsplit(":", 1)[1].strip()  # the scope's ':' comes before it
+    if over or under:
+        severity = (value - upper) / scale if over else (lower - value) / scale  # type: ignore[operator]
+        return Outcome(rule, "fail", metric, value, base, bound, severity=float(severity),
+                       message=f"{name} = {value:.6g} vs baseline {base:.6g} ({change_text}) breaches "
+                       f"{allowed} (limit {bound:.6g})")
+    return Outcome(rule, "pass", metric, value, base, bound,
+                   message=f"{name} = {value:.6g} vs baseline {base:.6g} ({change_text}) within {allowed}")
+
+
+def _holds(op: str, value: float, limit: float) -> bool:
+    return {"<=": value <= limit, ">=": value >= limit, "<": value < limit, ">": value > limit}[op]
+
+
 def evaluate_rule(rule: Rule, candidate: Report, baseline: Report | None, missing: str = "error") -> Outcome:
-    """Hold the candidate's value of one metric to one rule."""
+    """Hold the candidate's value of one metric (or its aggregate over steps or groups) to one rule."""
+    if rule.scope is not None:
+        return _evaluate_scoped(rule, candidate, baseline, missing)
     metric = rule.metric
     if metric not in candidate.metrics and VERL_PREFIX + metric in candidate.metrics:
         metric = VERL_PREFIX + metric  # `kl<=0.01` means rollout_corr/kl
@@ -216,39 +197,101 @@ def evaluate_rule(rule: Rule, candidate: Report, baseline: Report | None, missin
     value = abs(value) if rule.magnitude else value
     name = f"|{metric}|" if rule.magnitude else metric
     if not rule.relative:
-        limit = rule.value
-        ok = {"<=": value <= limit, ">=": value >= limit, "<": value < limit, ">": value > limit}[rule.op]
-        scale = max(abs(limit), 1e-12)
-        return Outcome(rule, "pass" if ok else "fail", metric, value=value, bound=limit,
-                       severity=0.0 if ok else abs(value - limit) / scale,
-                       message=f"{name} = {value:.6g} {'satisfies' if ok else 'breaches'} {rule.op} {limit:g}")
+        return _judge(rule, metric, name, value, None)
     if baseline is None:  # callers refuse relative rules without a baseline up front
         return Outcome(rule, "error", metric, value=value, message=f"{rule.text} needs --baseline", exit_code=2)
     base = baseline.metrics.get(metric)
     if base is None or not math.isfinite(base):
         what = "has no" if metric not in baseline.metrics else "has a null"
         return _missing(rule, missing, f"the baseline {what} {metric}", 3)
-    base = abs(base) if rule.magnitude else base
-    upper, lower = _bound(rule, base)
-    over = upper is not None and value > upper
-    under = lower is not None and value < lower
-    bound = upper if over or lower is None else lower
-    scale = max(abs(bound - base), abs(base) * 1e-9, 1e-12)
-    change = (value - base) / abs(base) * 100.0 if base else math.inf if value != base else 0.0
-    change_text = f"{change:+.3g}%" if math.isfinite(change) else f"{value - base:+.3g}"
-    if over or under:
-        severity = (value - upper) / scale if over else (lower - value) / scale
-        return Outcome(rule, "fail", metric, value, base, bound, severity=float(severity),
-                       message=f"{name} = {value:.6g} vs baseline {base:.6g} ({change_text}) breaches "
-                       f"{rule.text.split(':', 1)[1].strip()} (limit {bound:.6g})")
-    return Outcome(rule, "pass", metric, value, base, bound,
-                   message=f"{name} = {value:.6g} vs baseline {base:.6g} ({change_text}) within "
-                   f"{rule.text.split(':', 1)[1].strip()}")
+    return _judge(rule, metric, name, value, abs(base) if rule.magnitude else base)
+
+
+def _evaluate_scoped(rule: Rule, candidate: Report, baseline: Report | None, missing: str) -> Outcome:
+    """Hold an aggregate over the per-step / per-group table (or each of its entries) to one rule."""
+    scope = rule.scope or ""
+    rows = scope_rows(candidate, scope)
+    if not rows:
+        return _missing(rule, missing, missing_scope(candidate, scope), 2)
+    key = resolve_metric(rule.metric, rows)
+    if key is None:
+        known = sorted({k for _, values in rows for k in values})
+        return _missing(rule, missing, _absent(rule.metric, known) + f" (looked in the per-{scope} table)", 2)
+    found = entries(rows, key, rule.magnitude)
+    defined = [e for e in found if e.value is not None]
+    if not defined:
+        return _missing(rule, missing, f"{key} is null in all {scope_words(scope, len(found))}", 3)
+    skipped = len(found) - len(defined)
+    note = f"; {scope_words(scope, skipped)} with a null {key} left out" if skipped else ""
+    value_name = f"|{key}|" if rule.magnitude else key
+    if rule.aggregate in QUANTIFIERS:
+        outcome = _quantified(rule, key, value_name, defined)
+    else:
+        value, holder = reduce(rule.aggregate or "", defined)
+        name = f"{rule.aggregate} over {scope_words(scope, len(defined))} of {value_name}"
+        base = None
+        if rule.relative:
+            if baseline is None:
+                return Outcome(rule, "error", key, value=value, message=f"{rule.text} needs --baseline",
+                               exit_code=2)
+            base_defined = [e for e in entries(scope_rows(baseline, scope), key, rule.magnitude)
+                            if e.value is not None]
+            if not base_defined:
+                return _missing(rule, missing, f"the baseline has no {key} in its per-{scope} table", 3)
+            base = reduce(rule.aggregate or "", base_defined)[0]
+        outcome = _judge(rule, key, name + (f" (at {holder.label})" if holder else ""), value, base)
+        if holder is None:  # mean: name the entry that pulls it furthest the wrong way
+            high = (value > outcome.bound if outcome.status == "fail" and outcome.bound is not None
+                    else rule.op in ("<=", "<", "+", "±"))
+            worst = max(defined, key=lambda e: e.value if high else -e.value)  # type: ignore[operator]
+            outcome.message += f"; {'largest' if high else 'smallest'}: {worst.label} = {worst.value:.6g}"
+        outcome.where = [holder.label if holder else worst.label]
+    outcome.message += note
+    return outcome
+
+
+def _quantified(rule: Rule, key: str, name: str, defined: list[Entry]) -> Outcome:
+    """every(...): each entry satisfies the bound; any(...): at least one does. Names the entries that decide."""
+    limit, scope = rule.value, rule.scope or ""
+    sign = 1.0 if rule.op in ("<=", "<") else -1.0  # sign * value grows as an entry moves past the bound
+    holding = [e for e in defined if _holds(rule.op, e.value, limit)]  # type: ignore[arg-type]
+    breaking = [e for e in defined if not _holds(rule.op, e.value, limit)]  # type: ignore[arg-type]
+    scale = max(abs(limit), 1e-12)
+    total = scope_words(scope, len(defined))
+    if rule.aggregate == "every":
+        if not breaking:
+            edge = max(defined, key=lambda e: sign * e.value)  # type: ignore[operator]
+            return Outcome(rule, "pass", key, edge.value, bound=limit, where=[edge.label],
+                           message=f"{name} satisfies {rule.op} {limit:g} in all {total} (closest: {edge.label} = "
+                           f"{edge.value:.6g})")
+        breaking.sort(key=lambda e: -sign * e.value)  # type: ignore[operator]
+        worst = breaking[0]
+        return Outcome(rule, "fail", key, worst.value, bound=limit, where=[e.label for e in breaking],
+                       severity=abs(worst.value - limit) / scale,  # type: ignore[operator]
+                       message=f"{name} breaches {rule.op} {limit:g} in {len(breaking)} of {total}: "
+                       f"{listing(breaking)}")
+    if holding:
+        holding.sort(key=lambda e: sign * e.value)  # type: ignore[operator]  # furthest inside the bound first
+        return Outcome(rule, "pass", key, holding[0].value, bound=limit, where=[e.label for e in holding],
+                       message=f"{name} satisfies {rule.op} {limit:g} in {len(holding)} of {total}: "
+                       f"{listing(holding)}")
+    closest = min(defined, key=lambda e: sign * e.value)  # type: ignore[operator]
+    return Outcome(rule, "fail", key, closest.value, bound=limit, where=[closest.label],
+                   severity=abs(closest.value - limit) / scale,  # type: ignore[operator]
+                   message=f"{name} breaches {rule.op} {limit:g} in all {total}; closest: {closest.label} = "
+                   f"{closest.value:.6g}")
 
 
 def evaluate(rules: list[Rule], candidate: Report, baseline: Report | None, missing: str = "error") -> CheckResult:
     """Evaluate every rule against the candidate (and the baseline for relative rules)."""
     return CheckResult([evaluate_rule(rule, candidate, baseline, missing) for rule in rules])
+
+
+def grouping_for(rules: list[Rule]) -> tuple[bool, tuple[str, ...]]:
+    """(by_step, group_by) an analysis needs for rules over steps or `--by` columns (`group` names no column)."""
+    scopes = [r.scope for r in rules if r.scope is not None]
+    columns = tuple(dict.fromkeys(s for s in scopes if s not in ("step", ALL_GROUPS)))
+    return "step" in scopes, columns
 
 
 def require_baseline(rules: list[Rule], baseline: str | None) -> None:
@@ -269,6 +312,7 @@ __all__ = [
     "Rule",
     "evaluate",
     "evaluate_rule",
+    "grouping_for",
     "load_check_config",
     "parse_rule",
     "require_baseline",

@@ -138,7 +138,12 @@ def test_without_intervals_changes_are_judged_by_direction(runs) -> None:
     result, body = compare_json(runs["paths"]["clean"], runs["paths"]["clean2"], "--bootstrap", "0")
     assert_exit(result, 0)
     assert all(row["base_interval"] is None for row in body["metrics"])
-    assert {row["mark"] for row in body["metrics"]} <= {"+", "-", "~"}
+    assert {row["mark"] for row in body["metrics"]} <= {"+", "-", "~", "="}
+    for row in body["metrics"]:  # "=": a change smaller than the metric's minimal practical difference
+        if row["mark"] == "=":
+            assert abs(row["candidate"] - row["base"]) < row["min_difference"]
+        elif row["mark"] in "+-" and row["min_difference"] is not None:
+            assert abs(row["candidate"] - row["base"]) >= row["min_difference"]
     assert any("no bootstrap intervals" in note for note in body["notes"])
 
 

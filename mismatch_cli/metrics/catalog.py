@@ -21,7 +21,22 @@ IS_STD_BAND = Band(None, 1.0, VERL_DOCS)
 KL_BAND = Band(None, 0.1, VERL_DOCS, absolute=True)
 CHI2_BAND = Band(None, 1.0, VERL_DOCS)
 VETO_BAND = Band(None, 0.1, VERL_DOCS)
+# ------------------------------------------------------------------ minimal practical differences
+# compare calls a change smaller than these "=" (no practical change), never worse or better; docs/ci.md
+# lists them with their reasons. (amount, relative): relative amounts are a fraction of |base|.
 ESS_DIFFERENCE = 0.01  # one percent of the sample: below that a change of ESS does not matter in practice
+WEIGHT_DIFFERENCE = 0.01  # IS weight mean / std: 1 % of the ideal weight 1 (and of the std band's limit 1)
+FRACTION_DIFFERENCE = 0.001  # a tenth of a percent of tokens or rows (1 % of the 0.1 veto band)
+PPL_RATIO_DIFFERENCE = 0.001  # perplexities within 0.1 % of each other train the same
+SCALE_FREE_DIFFERENCE = 0.10  # relative: KL, χ² and |Δ| span decades; asv's default factor (1.1) of |base|
+_PRACTICAL: dict[str, tuple[float, bool]] = {  # off-policy key (no prefix) -> (amount, relative)
+    "kl": (SCALE_FREE_DIFFERENCE, True),
+    "k3_kl": (SCALE_FREE_DIFFERENCE, True),
+    "chi2_token": (SCALE_FREE_DIFFERENCE, True),
+    "chi2_seq": (SCALE_FREE_DIFFERENCE, True),
+    "log_ppl_abs_diff": (SCALE_FREE_DIFFERENCE, True),
+    "ppl_ratio": (PPL_RATIO_DIFFERENCE, False),
+}
 
 # ---------------------------------------------------------------------------------------- families
 OFFPOLICY = Family("off-policy (verl)", "always, with every verl family (`rollout_corr/`)")
@@ -72,18 +87,20 @@ _OFFPOLICY = (
 
 
 def _offpolicy() -> list[Metric]:
-    return [Metric("rollout_corr/" + name, OFFPOLICY, reduction, unit, direction, meaning, label, band)
+    return [Metric("rollout_corr/" + name, OFFPOLICY, reduction, unit, direction, meaning, label, band,
+                   *_PRACTICAL.get(name, (None, False)))
             for name, reduction, unit, direction, meaning, label, band in _OFFPOLICY]
 
 
 def _older_offpolicy() -> list[Metric]:
     shared = [Metric("mismatch/mismatch_" + name, OLD_OFFPOLICY, reduction, unit, direction, meaning, label, band,
-                     alias_of="rollout_corr/" + name)
+                     *_PRACTICAL.get(name, (None, False)), alias_of="rollout_corr/" + name)
               for name, reduction, unit, direction, meaning, label, band in _OFFPOLICY
               if name not in ("chi2_token", "chi2_seq")]
     return shared + [
         Metric("mismatch/mismatch_logprob_abs_diff", OLD_OFFPOLICY, TOKEN_MEAN, "nats", LOWER,
-               "|old − rollout| log-prob (xtuner only)", alias_of="diag/logprob_abs_diff_mean"),
+               "|old − rollout| log-prob (xtuner only)", practical_difference=SCALE_FREE_DIFFERENCE,
+               practical_relative=True, alias_of="diag/logprob_abs_diff_mean"),
         Metric("mismatch/valid", OLD_OFFPOLICY, "flag", "0 or 1", NONE,
                "xtuner: 1 when the input has a valid token, else 0"),
     ]
@@ -96,7 +113,8 @@ def _ratio_block(prefix: str, family: Family, weight: str, rows: str, bands: boo
     high = "above the upper threshold U"
     low = "below the lower bound (1/U, or L)"
     block = (
-        ("mean", TOKEN_MEAN, "ratio", CLOSER_TO_1, f"mean {weight}", "IS weight mean", IS_MEAN_BAND, None),
+        ("mean", TOKEN_MEAN, "ratio", CLOSER_TO_1, f"mean {weight}", "IS weight mean", IS_MEAN_BAND,
+         WEIGHT_DIFFERENCE),
         ("max", "max over valid tokens (sequence level: over all rows)", "ratio", CLOSER_TO_1,
          f"the largest {weight} (sequence level: exp(min(max S, 20)))", "", None, None),
         ("min", "min over valid tokens (sequence level: over all rows)", "ratio", CLOSER_TO_1,
@@ -106,7 +124,7 @@ def _ratio_block(prefix: str, family: Family, weight: str, rows: str, bands: boo
         ("ratio_fraction_low", f"{TOKEN_FRACTION} (sequence level: of all rows)", "fraction", LOWER,
          f"share whose raw ratio is {low}", "", None, None),
         ("std", "token-weighted population std over valid tokens", "ratio", LOWER,
-         f"spread of the {weight} clamped to the band", "IS weight std", IS_STD_BAND, None),
+         f"spread of the {weight} clamped to the band", "IS weight std", IS_STD_BAND, WEIGHT_DIFFERENCE),
         ("eff_sample_size", "token-weighted, in (0, 1]", "fraction", HIGHER,
          f"effective sample size 1 / mean((c / mean c)²), c = the {weight} clamped to the band",
          "IS effective sample size", IS_ESS_BAND, ESS_DIFFERENCE),
@@ -127,7 +145,7 @@ def _ratio_block(prefix: str, family: Family, weight: str, rows: str, bands: boo
         alias = alias_prefix + stat if alias_prefix else None
         entries.append(Metric(prefix + stat, family, reduction, unit, direction, meaning,
                               label if bands and band is not None else "", band if bands else None,
-                              difference if bands else None, alias))
+                              difference if bands else None, alias_of=alias))
     return entries
 
 
@@ -147,9 +165,10 @@ def _veto(prefix: str, family: Family, alias: bool = False) -> list[Metric]:
     return [
         Metric(prefix + "veto_fraction", family, ROW_FRACTION, "fraction", LOWER,
                "share of rows vetoed: a valid token's ratio is beyond the veto threshold", band=VETO_BAND,
-               alias_of=verl + "veto_fraction" if alias else None),
+               practical_difference=FRACTION_DIFFERENCE, alias_of=verl + "veto_fraction" if alias else None),
         Metric(prefix + "catastrophic_token_fraction", family, TOKEN_FRACTION, "fraction", LOWER,
                "share of valid tokens whose ratio is beyond the veto threshold",
+               practical_difference=FRACTION_DIFFERENCE,
                alias_of=verl + "catastrophic_token_fraction" if alias else None),
     ]
 
@@ -163,9 +182,10 @@ def _older_importance() -> list[Metric]:
                          alias_prefix="rollout_corr/rollout_is_")
             + _veto(prefix, OLD_IS, alias=True) + quantiles + [
         Metric(prefix + "masked_fraction", OLD_IS, TOKEN_FRACTION, "fraction", LOWER,
-               "mask mode: share of valid tokens whose weight is zeroed"),
+               "mask mode: share of valid tokens whose weight is zeroed", practical_difference=FRACTION_DIFFERENCE),
         Metric(prefix + "seq_masked_fraction", OLD_IS, ROW_FRACTION, "fraction", LOWER,
-               "mask mode: share of rows with a zeroed weight (sequence / geometric: the row's ratio out of band)"),
+               "mask mode: share of rows with a zeroed weight (sequence / geometric: the row's ratio out of band)",
+               practical_difference=FRACTION_DIFFERENCE),
     ])
 
 
@@ -178,9 +198,11 @@ _ROWS = "valid rows"
 def _rejection() -> list[Metric]:
     totals = [
         Metric("rollout_corr/rollout_rs_masked_fraction", RS_TOTAL, TOKEN_FRACTION, "fraction", LOWER,
-               "share of valid tokens rejected by RS (all options together)"),
+               "share of valid tokens rejected by RS (all options together)",
+               practical_difference=FRACTION_DIFFERENCE),
         Metric("rollout_corr/rollout_rs_seq_masked_fraction", RS_TOTAL, ROW_FRACTION, "fraction", LOWER,
-               "share of rows with any valid token rejected (empty rows count in the denominator)"),
+               "share of rows with any valid token rejected (empty rows count in the denominator)",
+               practical_difference=FRACTION_DIFFERENCE),
     ]
     # (stat, reduction, unit, meaning, placeholder): `kx` stats are signed for k1 (best near 0 either way).
     stats = (
@@ -226,7 +248,8 @@ def _diagnostics() -> list[Metric]:
     absolute = [diag(f"abs_log_ratio_p{q}", sketch, "nats", LOWER, f"the {level} % quantile of |d|")
                 for q, level in (("50", "50"), ("90", "90"), ("99", "99"), ("999", "99.9"))]
     return [
-        diag("logprob_abs_diff_mean", TOKEN_MEAN, "nats", LOWER, "|old − rollout| log-prob"),
+        diag("logprob_abs_diff_mean", TOKEN_MEAN, "nats", LOWER, "|old − rollout| log-prob",
+             practical_difference=SCALE_FREE_DIFFERENCE, practical_relative=True),
         diag("logprob_abs_diff_max", "max over valid tokens", "nats", LOWER, "the largest |old − rollout| log-prob"),
         diag("token_mult_prob_error", TOKEN_MEAN, "ratio", LOWER, "NeMo-RL's exp|d| (1 when the sides agree)"),
         diag("log_ratio_mean", TOKEN_MEAN, "nats", LOWER_ABS, "signed bias d: a top-p / top-k offset that the mean "

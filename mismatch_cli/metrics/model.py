@@ -95,6 +95,7 @@ class Metric:
     label: str = ""  # a short name for tables (the key's last part when empty)
     band: Band | None = None
     practical_difference: float | None = None  # default minimal change worth reporting in compare
+    practical_relative: bool = False  # practical_difference is a fraction of |base|, not an absolute amount
     alias_of: str | None = None  # the same quantity under the current verl key
     placeholders: dict[str, tuple[str, ...] | None] = field(default_factory=dict, compare=False, hash=False)
 

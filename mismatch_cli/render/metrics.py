@@ -37,6 +37,7 @@ def metric_dict(metric: Metric) -> dict[str, Any]:
         "band": None if band is None else {"low": band.low, "high": band.high, "absolute": band.absolute,
                                            "range": band.describe(), "source": band.source},
         "practical_difference": metric.practical_difference,
+        "practical_difference_relative": metric.practical_relative,  # a fraction of |base|, else in the unit
         "alias_of": metric.alias_of,
         "label": metric.title,
     }

@@ -1,0 +1,171 @@
+"""`mismatch_cli.write_dump`: a trainer writes `[B, T]` tensors; `analyze` reads them back to the same numbers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import mismatch_cli
+from mismatch_cli.errors import DataError, InputError, UsageError
+
+
+def make_batch(seed: int, rows: int = 24, width: int = 20) -> dict[str, np.ndarray]:
+    """Right-padded [B, T] log-probs (float64) with a 0/1 mask; the padding holds junk that must not count."""
+    rng = np.random.default_rng(seed)
+    rollout = -rng.exponential(0.7, size=(rows, width))
+    old = rollout + rng.normal(0.01, 0.05, size=(rows, width))
+    lengths = rng.integers(1, width + 1, size=rows)
+    mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
+    old[mask == 0] = 0.0  # padding: trainers leave zeros (or anything) there
+    rollout[mask == 0] = -123.0
+    return {"old_log_probs": old, "rollout_log_probs": rollout, "response_mask": mask}
+
+
+def expected(batches: list[dict[str, np.ndarray]]) -> dict[str, float]:
+    """verl's k1 KL, chi2_token and mean |d| over every valid token, in float64 numpy."""
+    d = np.concatenate([(b["old_log_probs"] - b["rollout_log_probs"])[b["response_mask"] == 1] for b in batches])
+    n = d.size + 1e-8  # verl's masked_mean
+    return {"rollout_corr/kl": float(-d.sum() / n), "rollout_corr/chi2_token": float(np.exp(2 * d).sum() / n - 1),
+            "diag/logprob_abs_diff_mean": float(np.abs(d).mean())}
+
+
+def analyzed(path: Path, **kwargs) -> mismatch_cli.Report:
+    return mismatch_cli.analyze([str(path)], device="cpu", dtype="float64", bootstrap=0, hash_inputs=False, **kwargs)
+
+
+def assert_metrics(report: mismatch_cli.Report, want: dict[str, float], rel: float) -> None:
+    for key, value in want.items():
+        assert report.metrics[key] == pytest.approx(value, rel=rel, abs=1e-12), key
+
+
+def test_numpy_keywords_float64_read_back_exactly(tmp_path: Path) -> None:
+    batch = make_batch(1)
+    path = mismatch_cli.write_dump(tmp_path / "one.parquet", dtype="float64", **batch)
+    assert path == tmp_path / "one.parquet"
+    assert_metrics(analyzed(path), expected([batch]), rel=1e-9)
+    table = pq.read_table(path)
+    assert table.column_names == ["old_log_probs", "rollout_log_probs", "response_mask"]  # no step given
+
+
+def test_torch_tensors_in_a_verl_like_dataproto(tmp_path: Path) -> None:
+    batches = [make_batch(seed) for seed in (2, 3, 4)]
+    for step, batch in zip((7, 8, 9), batches, strict=True):
+        proto = SimpleNamespace(
+            batch={"old_log_probs": torch.tensor(batch["old_log_probs"], dtype=torch.float32),
+                   "rollout_log_probs": torch.tensor(batch["rollout_log_probs"], dtype=torch.float32),
+                   "response_mask": torch.tensor(batch["response_mask"], dtype=torch.int64),
+                   "responses": torch.zeros(batch["response_mask"].shape, dtype=torch.int64)},
+            meta_info={"global_steps": step},
+        )
+        written = mismatch_cli.write_dump(tmp_path / "dumps", proto)
+        assert written == tmp_path / "dumps" / f"step_{step:06d}.parquet"
+    report = analyzed(tmp_path / "dumps", by_step=True)
+    # Stored as float32: the reference is the float64 computation on the float32-rounded inputs.
+    rounded = [{k: v.astype(np.float32).astype(np.float64) if k != "response_mask" else v for k, v in b.items()}
+               for b in batches]
+    assert_metrics(report, expected(rounded), rel=1e-6)
+    assert [entry["step"] for entry in report.steps] == [7, 8, 9]
+    for entry, batch in zip(report.steps, rounded, strict=True):
+        assert entry["metrics"]["rollout_corr/kl"] == pytest.approx(expected([batch])["rollout_corr/kl"], rel=1e-6)
+
+
+def test_bf16_tensors_and_a_bool_mask(tmp_path: Path) -> None:
+    batch = make_batch(5)
+    old = torch.tensor(batch["old_log_probs"]).to(torch.bfloat16)
+    rollout = torch.tensor(batch["rollout_log_probs"]).to(torch.bfloat16)
+    path = mismatch_cli.write_dump(tmp_path / "bf16.parquet", {"batch": {
+        "old_log_probs": old, "rollout_log_probs": rollout,
+        "response_mask": torch.tensor(batch["response_mask"]).bool()}, "meta_info": {"global_steps": 3}})
+    want = expected([{"old_log_probs": old.double().numpy(), "rollout_log_probs": rollout.double().numpy(),
+                      "response_mask": batch["response_mask"]}])
+    assert_metrics(analyzed(path), want, rel=1e-6)
+    assert pq.read_table(path).column("step").to_pylist() == [3] * 24
+
+
+def test_keywords_override_the_batch_and_step_wins_over_meta_info(tmp_path: Path) -> None:
+    batch = make_batch(6)
+    shifted = batch["rollout_log_probs"] - np.linspace(0.0, 0.05, batch["rollout_log_probs"].size).reshape(24, 20)
+    proto = {"batch": {k: torch.tensor(v) for k, v in batch.items()}, "meta_info": {"global_steps": 1}}
+    path = mismatch_cli.write_dump(tmp_path / "d", proto, rollout_log_probs=shifted, step=42, dtype="float64")
+    assert path.name == "step_000042.parquet"
+    mixed = {**batch, "rollout_log_probs": shifted}
+    assert_metrics(analyzed(path), expected([mixed]), rel=1e-9)
+
+
+def test_folder_without_steps_numbers_the_files_and_groups_are_columns(tmp_path: Path) -> None:
+    batch = make_batch(8, rows=4)
+    first = mismatch_cli.write_dump(tmp_path / "d", **batch, groups={"env_name": ["a", "b", "a", "b"]},
+                                    uid=np.array([10, 11, 12, 13]))
+    second = mismatch_cli.write_dump(tmp_path / "d", **batch, groups={"env_name": ["a", "b", "a", "b"]})
+    assert (first.name, second.name) == ("dump_000000.parquet", "dump_000001.parquet")
+    report = analyzed(first, group_by=["env_name"])
+    by_env = {g["group"]: g["metrics"]["rollout_corr/kl"] for g in report.groups["env_name"]}
+    for label, rows in (("a", [0, 2]), ("b", [1, 3])):
+        subset = {k: v[rows] for k, v in batch.items()}
+        assert by_env[label] == pytest.approx(expected([subset])["rollout_corr/kl"], rel=1e-6)
+
+
+@pytest.mark.parametrize(("change", "error", "needles"), [
+    ({"old_log_probs": np.zeros(5)}, InputError, ["old_log_probs must be [B, T]", "shape [5]"]),
+    ({"rollout_log_probs": np.zeros((3, 4))}, InputError, ["shapes differ", "rollout_log_probs [3, 4]"]),
+    ({"old_log_probs": np.zeros((24, 20), dtype=np.int64)}, InputError, ["floating-point", "int64"]),
+    ({"response_mask": np.full((24, 20), 2)}, DataError, ["row 0 position 0", "not 0 or 1"]),
+    ({"response_mask": np.zeros((0, 20)), "old_log_probs": np.zeros((0, 20)),
+      "rollout_log_probs": np.zeros((0, 20))}, DataError, ["empty"]),
+    ({"step": "7"}, UsageError, ["step must be an integer"]),
+    ({"dtype": "bfloat16"}, UsageError, ["unknown dtype"]),
+])
+def test_bad_input_is_a_one_line_error(tmp_path: Path, change, error, needles) -> None:
+    args = {**make_batch(9), **change}
+    with pytest.raises(error) as caught:
+        mismatch_cli.write_dump(tmp_path / "bad.parquet", **args)
+    text = str(caught.value)
+    assert "\n" not in text and "fix:" in text
+    for needle in needles:
+        assert needle in text
+    assert not (tmp_path / "bad.parquet").exists()
+
+
+def test_a_batch_without_a_role_names_its_keys(tmp_path: Path) -> None:
+    proto = SimpleNamespace(batch={"old_log_probs": torch.zeros(2, 3), "response_mask": torch.ones(2, 3)},
+                            meta_info={})
+    with pytest.raises(InputError, match="no rollout_log_probs in the batch .*old_log_probs, response_mask"):
+        mismatch_cli.write_dump(tmp_path / "x.parquet", proto)
+
+
+def test_import_stays_free_of_torch() -> None:
+    code = ("import sys, mismatch_cli; mismatch_cli.write_dump; import mismatch_cli.dump; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
+
+
+class FakeTensorDict:
+    """Shaped like tensordict.TensorDict: keys() and [] but not a collections.abc.Mapping."""
+
+    def __init__(self, tensors: dict) -> None:
+        self._tensors = tensors
+        self.batch_size = [len(next(iter(tensors.values())))]
+
+    def keys(self):
+        return self._tensors.keys()
+
+    def __getitem__(self, key: str):
+        return self._tensors[key]
+
+
+def test_a_tensordict_like_batch_directly_or_inside_a_dataproto(tmp_path: Path) -> None:
+    batch = make_batch(10)
+    td = FakeTensorDict({k: torch.tensor(v) for k, v in batch.items()})
+    direct = mismatch_cli.write_dump(tmp_path / "a.parquet", td, dtype="float64")
+    inside = mismatch_cli.write_dump(tmp_path / "b", SimpleNamespace(batch=td, meta_info={"global_steps": 5}),
+                                     dtype="float64")
+    assert inside.name == "step_000005.parquet"
+    for path in (direct, inside):
+        assert_metrics(analyzed(path), expected([batch]), rel=1e-9)
