@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from mismatch_cli.thresholds import (
     Outcome,
     Rule,
     evaluate,
+    grouping_for,
     load_check_config,
     parse_rule,
     require_baseline,
@@ -93,10 +94,14 @@ def gather_rules(rules: Sequence[str | Rule] = (), config: str | Path | None = N
     return table, table.rules + given, missing or table.missing or "error"
 
 
-def _analyzer(options: dict[str, Any]) -> Callable[[list[str]], Report]:
+def _analyzer(options: dict[str, Any], rules: list[Rule]) -> Callable[[list[str]], Report]:
+    """`analyze` with the caller's options, asking for the per-step / per-group tables the rules read."""
     from mismatch_cli.api import analyze
 
-    return functools.partial(analyze, **options)
+    by_step, columns = grouping_for(rules)
+    group_by = [*options.pop("group_by", ()), *(["step"] if by_step or options.pop("by_step", False) else []),
+                *columns]
+    return functools.partial(analyze, group_by=tuple(dict.fromkeys(group_by)), **options)
 
 
 def _side(side: Side, analyze: Callable[[list[str]], Report], label: str | None) -> Sided:
@@ -108,14 +113,19 @@ def _side(side: Side, analyze: Callable[[list[str]], Report], label: str | None)
 
 def compare(base: Side, candidate: Side, rules: Sequence[str | Rule] = (), missing: str = "error",
             correction: CorrectionConfig | None = None, config: str | Path | None = None,
-            labels: tuple[str, str] | None = None, **analyze_options: Any) -> CompareResult:
-    """Compare two runs (dumps or reports) as `mismatch compare` does; BASE is the reference and the baseline."""
+            labels: tuple[str, str] | None = None, min_difference: Mapping[str, float | str | None] | None = None,
+            **analyze_options: Any) -> CompareResult:
+    """Compare two runs (dumps or reports) as `mismatch compare` does; BASE is the reference and the baseline.
+
+    `min_difference` overrides the registry's minimal practical difference per metric (a number in the
+    metric's unit, "N%" of the base, or None for any change).
+    """
     _, rule_list, policy = gather_rules(rules, config, missing)
-    analyze = _analyzer({"correction": correction, **analyze_options})
+    analyze = _analyzer({"correction": correction, **analyze_options}, rule_list)
     base_side = _side(base, analyze, labels[0] if labels else None)
     candidate_side = _side(candidate, analyze, labels[1] if labels else None)
     comparison = compare_reports(base_side.report, candidate_side.report, rule_list, policy, base_side.label,
-                                 candidate_side.label)
+                                 candidate_side.label, min_difference=min_difference)
     if correction is not None:
         requested = correction.to_dict()
         for side in (base_side, candidate_side):
@@ -133,7 +143,7 @@ def check(inputs: Sequence[str] | Report, rules: Sequence[str | Rule] = (), base
     if not rule_list:
         raise UsageError("no rules to check", hint="pass --fail-on RULE or a --config with a [check] table")
     require_baseline(rule_list, baseline if baseline is None or isinstance(baseline, str) else "report")
-    analyze = _analyzer({"correction": correction, **analyze_options})
+    analyze = _analyzer({"correction": correction, **analyze_options}, rule_list)
     if isinstance(inputs, Report):
         candidate = inputs
     elif len(inputs) == 1 and is_report_path(inputs[0]):

@@ -54,7 +54,7 @@ def test_rounds_csv() -> None:
     rows = parse(text)
     assert rows[0][0] == "round" and set(rows[0]) == {"round", "rows", "tokens", "abs_diff_mean", "kl"}
     record = dict(zip(rows[0], rows[1], strict=True))
-    assert record["abs_diff_mean"] == "0.00354385293117323" and record["kl"] == "" and record["tokens"] == "36551.0"
+    assert record["abs_diff_mean"] == "0.00354385293117323" and record["kl"] == "" and record["tokens"] == "36551"
     assert text.endswith("\n") and "\r" not in text
 
 

@@ -12,6 +12,7 @@ from mismatch_cli.cli.app import app, guard
 from mismatch_cli.cli.emit import OutputOpt, Rendered, deliver, note, planned_outputs, to_file
 from mismatch_cli.cli.flags import correction_from_flags
 from mismatch_cli.cli.options import (
+    ByOpt,
     ComputeFlags,
     ConfigPathOpt,
     CorrectionFlags,
@@ -20,7 +21,9 @@ from mismatch_cli.cli.options import (
     InputsArg,
     OutputFormat,
     QuietOpt,
+    ReportFormat,
     bundled,
+    csv_table_flag,
     parse_by,
     read_options,
 )
@@ -35,17 +38,17 @@ def analyze(
     input_flags: InputFlags,
     compute: ComputeFlags,
     config: ConfigPathOpt = None,
-    by: Annotated[
-        list[str],
-        typer.Option("--by", help="Also report each step (`step`) or each value of a column (e.g. env_name) as its "
-                     "own batch. Repeatable."),
-    ] = [],  # noqa: B006 - typer needs a literal default
+    by: ByOpt = [],  # noqa: B006 - typer needs a literal default
     out_dir: Annotated[
         Path | None, typer.Option("--out-dir", help="Write DIR/report.json, DIR/*.png and DIR/report.html.")
     ] = None,
-    output_format: Annotated[OutputFormat, typer.Option("--format", help="Report format on stdout / -o.")] = (
-        OutputFormat.table
+    output_format: Annotated[ReportFormat, typer.Option("--format", help="Report format on stdout / -o: table, json, "
+                                                        "markdown, or csv (one table, see --table).")] = (
+        ReportFormat.table
     ),
+    table_name: Annotated[str | None, typer.Option("--table", help="With --format csv: steps, groups, rounds, "
+                                                   "rounds_from_end, what_if, worst_sequences or metrics (default: "
+                                                   "steps, else groups, else rounds).")] = None,
     output: OutputOpt = None,
     no_plots: Annotated[
         bool, typer.Option("--no-plots", help="With --out-dir: skip the PNG plots and report.html.")
@@ -65,6 +68,7 @@ def analyze(
     from mismatch_cli.render.table import render_tables
 
     replicates = check_bootstrap(compute.bootstrap)
+    table_name = csv_table_flag(output_format, table_name)
     correction = correction_from_flags(config, correction_flags)
     outputs = planned_outputs([*inputs, config], out_dir, output)
     options = read_options(input_flags)
@@ -72,8 +76,13 @@ def analyze(
         report = run_analysis(inputs, correction=correction, read_options=options, device=compute.device,
                               dtype=compute.dtype.value, group_by=parse_by(by), on_batch=on_batch,
                               engine=engine.value, ray_address=ray_address, bootstrap=replicates)
-    rendered = Rendered(output_format, report.to_json, lambda: render_markdown(report),
-                        lambda console: render_tables(report, console, warnings=not quiet))
+    if output_format is ReportFormat.csv:
+        from mismatch_cli.render.csv import default_csv_table, render_csv
+
+        rendered = Rendered.text_only(render_csv(report, table_name or default_csv_table(report)))
+    else:
+        rendered = Rendered(OutputFormat(output_format.value), report.to_json, lambda: render_markdown(report),
+                            lambda console: render_tables(report, console, warnings=not quiet))
     outputs.protect(entry.path for entry in report.inputs)  # files found in input folders
     written = []
     if out_dir is not None:
@@ -82,10 +91,13 @@ def analyze(
         for name, data in files.items():
             outputs.add(out_dir / name, data, "--out-dir")
         written.append(f"wrote {out_dir / 'report.json'}")
+        tables = [name for name in files if name.endswith(".csv")]
+        if tables:
+            written.append(f"wrote {', '.join(tables)} in {out_dir}")
         if not no_plots:
             plots = [name for name in files if name.endswith(".png")]
             written.append(f"wrote {out_dir / 'report.html'} and {len(plots)} plots ({', '.join(plots) or 'none'})")
     deliver(outputs, output, rendered)
-    if output_format is not OutputFormat.table or to_file(output):
+    if output_format is not ReportFormat.table or to_file(output):
         note(quiet, *(f"warning: {warning}" for warning in report.warnings))
     note(quiet, *written, *([f"wrote {output}"] if to_file(output) else []))

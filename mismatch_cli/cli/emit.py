@@ -53,6 +53,13 @@ class Rendered:
         else:
             self.text = console_text(draw)
 
+    @classmethod
+    def text_only(cls, text: str) -> Rendered:
+        """A result that is plain text in every case (CSV)."""
+        rendered = cls.__new__(cls)
+        rendered.draw, rendered.text = None, text
+        return rendered
+
     def show(self) -> None:
         """Print on standard output: tables on the live terminal (its width, its colours), text as is."""
         if self.draw is not None:

@@ -13,6 +13,7 @@ from mismatch_cli.cli.app import app, guard, stderr
 from mismatch_cli.cli.emit import OutputOpt, Rendered, deliver, note, planned_outputs
 from mismatch_cli.cli.flags import correction_from_flags
 from mismatch_cli.cli.options import (
+    ByOpt,
     ComputeFlags,
     CorrectionFlags,
     FailOnOpt,
@@ -21,6 +22,7 @@ from mismatch_cli.cli.options import (
     OutputFormat,
     QuietOpt,
     bundled,
+    parse_by,
     read_options,
 )
 from mismatch_cli.errors import MismatchError
@@ -38,11 +40,11 @@ class GithubMode(str, enum.Enum):
     off = "off"
 
 
-def _analyze_options(input_flags: InputFlags, compute: ComputeFlags) -> dict[str, Any]:
+def _analyze_options(input_flags: InputFlags, compute: ComputeFlags, by: list[str]) -> dict[str, Any]:
     from mismatch_cli.api import check_bootstrap
 
     return {"read_options": read_options(input_flags), "device": compute.device, "dtype": compute.dtype.value,
-            "bootstrap": check_bootstrap(compute.bootstrap)}
+            "bootstrap": check_bootstrap(compute.bootstrap), "group_by": parse_by(by)}
 
 
 @app.command()
@@ -57,6 +59,11 @@ def compare(
     config: LimitsConfigOpt = None,
     fail_on: FailOnOpt = [],  # noqa: B006 - typer needs a literal default
     missing: MissingOpt = None,
+    min_difference: Annotated[list[str], typer.Option(
+        "--min-difference", metavar="METRIC=AMOUNT", help="A change smaller than AMOUNT (in the metric's unit, or "
+        "N% of the base; none = any change counts) is not called worse or better. Repeatable; defaults from "
+        "`mismatch metrics`.")] = [],  # noqa: B006
+    by: ByOpt = [],  # noqa: B006
     out_dir: Annotated[
         Path | None, typer.Option("--out-dir", help="Write compare.json, compare.md, each side's report, "
                      "overlaid plots and compare.html.")
@@ -69,17 +76,19 @@ def compare(
     quiet: QuietOpt = False,
 ) -> None:
     """Compare two runs side by side (BASE is the reference); exit 1 only when a given limit is breached."""
+    from mismatch_cli.comparison import parse_min_differences
     from mismatch_cli.gate import compare as run_compare
     from mismatch_cli.render.compare import render_compare_json, render_compare_markdown, render_compare_table
     from mismatch_cli.render.files import compare_files
     from mismatch_cli.tomlconfig import load_table
 
     correction = correction_from_flags(config, correction_flags)
+    practical = parse_min_differences(min_difference)
     flags_given = correction_flags.given() or bool(config is not None and load_table(config, "correction"))
     outputs = planned_outputs([base, candidate, config], out_dir, output)
     result = run_compare(base, candidate, fail_on, missing.value if missing else None,
-                         correction=correction if flags_given else None, config=config,
-                         **_analyze_options(input_flags, compute))
+                         correction=correction if flags_given else None, config=config, min_difference=practical,
+                         **_analyze_options(input_flags, compute, by))
     comparison = result.comparison
     rendered = Rendered(output_format, lambda: render_compare_json(comparison),
                         lambda: render_compare_markdown(comparison),
@@ -114,6 +123,7 @@ def check(
     config: LimitsConfigOpt = None,
     fail_on: FailOnOpt = [],  # noqa: B006 - typer needs a literal default
     missing: MissingOpt = None,
+    by: ByOpt = [],  # noqa: B006
     junit_xml: Annotated[Path | None, typer.Option("--junit-xml", help="Write JUnit XML (one case per rule).")] = None,
     github: Annotated[
         GithubMode, typer.Option("--github", help="Annotations and step summary: auto (GITHUB_ACTIONS=true), on, off.")
@@ -163,7 +173,7 @@ def check(
         if output is not None and output != "-":
             outputs.check(output, "-o")
         run = run_check(inputs, fail_on, baseline, missing.value if missing else None, correction=correction,
-                        config=config, **_analyze_options(input_flags, compute))
+                        config=config, **_analyze_options(input_flags, compute, by))
     except MismatchError as exc:
         # The gate could not run: still leave a JUnit case / annotation that says why.
         publish(could_not_run(exc), baseline)

@@ -28,6 +28,15 @@ class OutputFormat(str, enum.Enum):
     markdown = "markdown"
 
 
+class ReportFormat(str, enum.Enum):
+    """How `analyze` prints its report: the summary or every table, JSON, Markdown, or one table as CSV."""
+
+    table = "table"
+    json = "json"
+    markdown = "markdown"
+    csv = "csv"
+
+
 class IsLevel(str, enum.Enum):
     """verl's `rollout_is`."""
 
@@ -110,6 +119,11 @@ ColumnOpt = Annotated[
 ]
 NoMaskOpt = Annotated[bool, typer.Option("--no-mask", help="Treat every token as valid when the dump has no mask.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
+ByOpt = Annotated[
+    list[str],
+    typer.Option("--by", help="Also report each step (`step`) or each value of a column (e.g. env_name) as its "
+                 "own batch. Repeatable."),
+]
 FailOnOpt = Annotated[list[str], typer.Option("--fail-on", help=RULE_HELP)]
 MissingOpt = Annotated[
     MissingPolicy | None,
@@ -251,3 +265,17 @@ def parse_by(values: list[str]) -> tuple[str, ...]:
 ConfigPathOpt = Annotated[
     Path | None, typer.Option("--config", help="TOML file with a [correction] table (verl field names).")
 ]
+
+
+def csv_table_flag(output_format: ReportFormat, table: str | None) -> str | None:
+    """`--table`, checked against the report's table names; only meaningful with `--format csv`."""
+    from mismatch_cli.errors import UsageError
+    from mismatch_cli.report import TABLES
+
+    if table is None:
+        return None
+    if output_format is not ReportFormat.csv:
+        raise UsageError(f"--table {table} needs --format csv", hint=f"add --format csv (or drop --table {table})")
+    if table not in TABLES:
+        raise UsageError(f"--table: no table '{table}'", hint=f"use one of {', '.join(TABLES)}")
+    return table

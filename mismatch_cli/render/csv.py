@@ -50,7 +50,10 @@ def cell(value: Any) -> str:
     if hasattr(value, "item") and not isinstance(value, (list, tuple, dict, str)):
         value = value.item()  # a numpy scalar
     if isinstance(value, float):
-        return "" if math.isnan(value) else repr(value)
+        if math.isnan(value):
+            return ""
+        # pandas turns a count column with a gap into floats: a whole number reads back the same as "64".
+        return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
     if isinstance(value, (list, tuple)):
         return " ".join(cell(v) for v in value)
     return str(value)

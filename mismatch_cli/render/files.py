@@ -7,8 +7,10 @@ from mismatch_cli.report import Report
 
 
 def report_files(report: Report, plots: bool = True) -> dict[str, str | bytes]:
-    """`report.json`, and unless `plots` is off the PNG plots and the self-contained `report.html`."""
-    files: dict[str, str | bytes] = {"report.json": report.to_json()}
+    """`report.json`, the per-step / per-group / per-round CSV tables, and (with `plots`) the PNGs and `report.html`."""
+    from mismatch_cli.render.csv import render_csv_tables
+
+    files: dict[str, str | bytes] = {"report.json": report.to_json(), **render_csv_tables(report)}
     if plots:
         from mismatch_cli.render.html import render_html
         from mismatch_cli.render.plots import render_plots
