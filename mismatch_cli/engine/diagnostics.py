@@ -270,12 +270,15 @@ class DiagnosticsAccumulator(Accumulator):
         self.counts += torch.bincount(signed_buckets(log_ratio), minlength=2 * NUM_BUCKETS)
         self.prob.update(chunk.old, chunk.rollout)
         # Kish ESS over valid rows of the sequence weights exp(clamp(S_i, +-20)).
-        row_log_ratio = chunk.log_ratio_row_sum[chunk.row_valid]
-        row_weight = torch.exp(row_log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))
-        s.add("valid_rows", float(row_weight.numel()))
+        # Empty rows weigh 0 and fall in one extra bucket (no boolean selection: it would wait for the device).
+        valid = chunk.row_valid
+        row_log_ratio = chunk.log_ratio_row_sum
+        row_weight = torch.where(valid, torch.exp(row_log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)), 0.0)
+        s.add("valid_rows", valid.sum())
         s.add("sum_row_weight", row_weight)
         s.add("sum_row_weight_sq", row_weight.square())
-        self.row_counts += torch.bincount(signed_buckets(row_log_ratio), minlength=2 * NUM_BUCKETS)
+        buckets = torch.where(valid, signed_buckets(row_log_ratio), 2 * NUM_BUCKETS)
+        self.row_counts += torch.bincount(buckets, minlength=2 * NUM_BUCKETS + 1)[: 2 * NUM_BUCKETS]
         self.positions.update(chunk)
 
     def merge(self, other: DiagnosticsAccumulator) -> None:
