@@ -14,8 +14,8 @@ import torch
 from mismatch_cli.batch import Batch
 from mismatch_cli.correction import SAFETY_BOUND
 from mismatch_cli.engine.formulas import chi2_seq_terms, chi2_token_terms
-from mismatch_cli.engine.ops import segment_sum
-from mismatch_cli.engine.segments import Runs, find_runs
+from mismatch_cli.engine.ops import count, flag_indices, isfinite, segment_count, segment_max, segment_sum, take
+from mismatch_cli.engine.segments import Layout, Runs
 from mismatch_cli.engine.state import F64
 
 # Fill values such as -9999 (or -1e4, finfo.min) are no log-prob of a sampled token; -9000 also
@@ -29,28 +29,28 @@ class Chunk:
     """Valid tokens of a chunk, contiguous per row, with the per-row quantities every family shares.
 
     A token is valid when its mask is 1 and both log-probs are finite and above the sentinel
-    bound; excluded tokens are counted in `quality` and then behave exactly like padding.
+    bound; excluded tokens are counted in `quality` and then behave exactly like padding. Every
+    tensor lives on the compute device; the host keeps only the reader's per-row metadata.
     """
 
     old: torch.Tensor  # [N_valid] compute dtype
     rollout: torch.Tensor  # [N_valid]
     lengths: torch.Tensor  # [B] int64 valid tokens per row
     quality: dict[str, int]
-    position_mask: np.ndarray | None = None  # [P] the response mask over every position
-    offsets: np.ndarray | None = None  # [B+1] row offsets over positions
-    keep: np.ndarray | None = None  # [P] valid positions (mask and finite), None when equal to the mask
+    offsets: np.ndarray | None = None  # [B+1] row offsets over positions (host, from the reader)
     source: str = ""  # the file the rows come from
     first_row: int = 0  # row index, within `source`, of the chunk's row 0
     sequence_ids: np.ndarray | None = None  # [B] id column values, when the dump has one
     steps: np.ndarray | None = None  # [B] training step per row, when known
+    layout: Layout | None = None  # where the valid tokens and rounds sit among the positions (device)
     # Per-row sums already taken, by the id of the per-token tensor (kept alive with it).
     _row_sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
 
     @cached_property
     def runs(self) -> Runs:
         """The chunk's rounds (maximal runs of 1s in each row's mask)."""
-        assert self.position_mask is not None and self.offsets is not None
-        return find_runs(self.position_mask, self.offsets, self.keep)
+        assert self.layout is not None
+        return self.layout.runs()
 
     @property
     def num_rows(self) -> int:
@@ -150,8 +150,7 @@ class Chunk:
         """Per-row max over valid tokens (0 for an empty row, as verl's seq_max does)."""
         if self.num_rows == 0:
             return torch.zeros(0, dtype=F64, device=values.device)
-        out = torch.segment_reduce(values.to(F64), "max", lengths=self.lengths, unsafe=True)
-        return torch.where(self.row_valid, out, torch.zeros_like(out))
+        return segment_max(values, self.lengths)
 
     def row_count(self, flags: torch.Tensor) -> torch.Tensor:
         """Per-row number of valid tokens carrying the flag, float64 [B]."""
@@ -161,7 +160,7 @@ class Chunk:
 def quality_counts(
     old: np.ndarray, rollout: np.ndarray, mask: np.ndarray
 ) -> tuple[np.ndarray, dict[str, int]]:
-    """Valid-token mask after exclusions, and the data-quality counts of the chunk."""
+    """Valid-token mask after exclusions, and the data-quality counts of the chunk (host arrays)."""
     keep, flags = _quality_flags(old, rollout, mask)
     counts = {"positions": int(mask.size), "masked_tokens": int(np.count_nonzero(mask))}
     counts.update({category: int(np.count_nonzero(flag)) for category, flag in flags.items()})
@@ -175,11 +174,15 @@ EXCLUDED_CATEGORIES = ("nonfinite_tokens", "sentinel_tokens")
 QUALITY_CATEGORIES = ("nonfinite_tokens", "sentinel_tokens", "positive_logprob_tokens", "one_side_zero_tokens")
 
 
-def _quality_flags(
-    old: np.ndarray, rollout: np.ndarray, mask: np.ndarray
-) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Valid-token mask after exclusions, and one bool array per data-quality category."""
-    finite = np.isfinite(old) & np.isfinite(rollout)
+def _quality_flags(old: Any, rollout: Any, mask: Any) -> tuple[Any, dict[str, Any]]:
+    """Valid-token mask after exclusions, and one bool array per data-quality category.
+
+    The same expressions for numpy arrays (host) and torch tensors (any device); NaN compares False.
+    """
+    if isinstance(old, torch.Tensor):
+        finite = isfinite(old) & isfinite(rollout)
+    else:
+        finite = np.isfinite(old) & np.isfinite(rollout)
     nonfinite = mask & ~finite
     with np.errstate(invalid="ignore"):
         sentinel = mask & finite & ((old <= SENTINEL_LOGPROB) | (rollout <= SENTINEL_LOGPROB))
@@ -235,7 +238,7 @@ def bounded(batch: Batch, max_positions: int = MAX_CHUNK_POSITIONS) -> Iterator[
         start = stop
 
 
-def _tensor(array: np.ndarray, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
     with warnings.catch_warnings():
         # Arrow hands out read-only zero-copy arrays; we never write into them, so torch's warning is moot.
         warnings.simplefilter("ignore", UserWarning)
@@ -243,34 +246,50 @@ def _tensor(array: np.ndarray, device: torch.device, dtype: torch.dtype | None =
     if device.type == "cuda":
         # Pinned host memory lets the copy run asynchronously: the GPU computes on this chunk while the
         # CPU (and the read-ahead threads) prepare the next one.
-        return tensor.pin_memory().to(device, dtype, non_blocking=True)
-    return tensor.to(device, dtype)
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype) -> Chunk:
-    """Select the valid tokens of a batch and move them to the device in the compute dtype."""
-    mask = batch.response_mask.astype(bool, copy=False)
-    keep, counts = quality_counts(batch.old_log_probs, batch.rollout_log_probs, mask)
-    all_kept = bool(keep.all())
-    if all_kept:
-        old_np, rollout_np = batch.old_log_probs, batch.rollout_log_probs
-        lengths = np.diff(batch.offsets)
+    """Move a batch's raw positions to the device once, and select its valid tokens there in the compute dtype.
+
+    Data-quality flags, row lengths and round starts are computed on the device; their counts come
+    back to the host in one small transfer (the chunk's only wait for the device), which sizes the
+    compaction and the rounds.
+    """
+    old = _tensor(batch.old_log_probs, device)
+    rollout = _tensor(batch.rollout_log_probs, device)
+    mask_np = batch.response_mask.astype(bool, copy=False)
+    mask = _tensor(mask_np, device)
+    offsets = _tensor(batch.offsets.astype(np.int64, copy=False), device)
+    if device.type == "cpu":  # the same expressions, on numpy's faster CPU kernels
+        keep_np, flags_np = _quality_flags(batch.old_log_probs, batch.rollout_log_probs, mask_np)
+        keep, flags = torch.from_numpy(keep_np), {c: torch.from_numpy(f) for c, f in flags_np.items()}
     else:
-        old_np, rollout_np = batch.old_log_probs[keep], batch.rollout_log_probs[keep]
-        kept_before = np.concatenate(([0], np.cumsum(keep, dtype=np.int64)))
-        lengths = np.diff(kept_before[batch.offsets])
+        keep, flags = _quality_flags(old, rollout, mask)
+    row_positions = offsets[1:] - offsets[:-1]
+    lengths = segment_count(keep, row_positions)
+    layout = Layout.build(mask, offsets, keep, row_positions)
+    counted = [layout.num_valid, layout.num_runs, layout.max_rounds, count(mask),
+               *(count(flags[c]) for c in QUALITY_CATEGORIES)]
+    num_valid, num_runs, max_rounds, masked, *found = torch.stack(counted).tolist()  # the one host round trip
+    layout.resolve(num_valid, num_runs, max_rounds)
+    quality = {"positions": batch.num_positions, "masked_tokens": masked, **dict(zip(QUALITY_CATEGORIES, found,
+                                                                                       strict=True))}
+    if num_valid < keep.numel():
+        index = flag_indices(keep, num_valid)
+        old, rollout = take(old, index), take(rollout, index)
     return Chunk(
-        old=_tensor(old_np, device, dtype),
-        rollout=_tensor(rollout_np, device, dtype),
-        lengths=_tensor(lengths.astype(np.int64, copy=False), device),
-        quality=counts,
-        position_mask=mask,
+        old=old.to(dtype),
+        rollout=rollout.to(dtype),
+        lengths=lengths,
+        quality=quality,
         offsets=batch.offsets,
-        keep=None if all_kept or np.array_equal(keep, mask) else keep,
         source=batch.source,
         first_row=batch.first_row,
         sequence_ids=batch.sequence_ids,
         steps=batch.steps,
+        layout=layout,
     )
 
 

@@ -182,56 +182,50 @@ class PairSums:
 
 
 class PositionProfile:
-    """Sum of |delta| and valid tokens per bin of token position within the row (positions from 0)."""
+    """Sum of |delta| and valid tokens per bin of token position within the row (positions from 0), on the device."""
 
-    def __init__(self) -> None:
-        self.sums = np.zeros(0, dtype=np.float64)
-        self.tokens = np.zeros(0, dtype=np.int64)
+    def __init__(self, device: torch.device) -> None:
+        self.sums = torch.zeros(0, dtype=F64, device=device)
+        self.tokens = torch.zeros(0, dtype=torch.int64, device=device)
 
     def _grow(self, size: int) -> None:
-        if size > self.sums.size:
-            self.sums = np.concatenate([self.sums, np.zeros(size - self.sums.size)])
-            self.tokens = np.concatenate([self.tokens, np.zeros(size - self.tokens.size, dtype=np.int64)])
+        if size > self.sums.numel():
+            self.sums = torch.cat([self.sums, self.sums.new_zeros(size - self.sums.numel())])
+            self.tokens = torch.cat([self.tokens, self.tokens.new_zeros(size - self.tokens.numel())])
 
     def update(self, chunk: Chunk) -> None:
-        """Fold the chunk's |delta| into position bins: one segment sum over (row, bin) runs, no token loop."""
+        """Fold the chunk's |delta| into position bins: one segment sum over (row, bin) pieces, no token loop."""
         if chunk.num_tokens == 0:
             return
-        if chunk.offsets is None or chunk.position_mask is None:
-            offsets = np.concatenate(([0], np.cumsum(chunk.lengths.cpu().numpy()))).astype(np.int64)
-            valid = None
-        else:
-            offsets = chunk.offsets
-            valid = chunk.keep if chunk.keep is not None else chunk.position_mask
-            if valid.all():
-                valid = None  # every position is a valid token: token index == position
-        row_length = np.diff(offsets)
-        bins_per_row = (row_length + POSITION_BIN - 1) // POSITION_BIN
-        first_bin = np.cumsum(bins_per_row) - bins_per_row
-        index = np.arange(int(bins_per_row.sum()), dtype=np.int64) - np.repeat(first_bin, bins_per_row)
-        start = np.repeat(offsets[:-1], bins_per_row) + POSITION_BIN * index
-        end = np.minimum(start + POSITION_BIN, np.repeat(offsets[1:], bins_per_row))
-        if valid is not None:
-            kept_before = np.concatenate(([0], np.cumsum(valid, dtype=np.int64)))
-            start, end = kept_before[start], kept_before[end]
-        counts = end - start
-        values = chunk.abs_log_ratio
-        lengths = torch.from_numpy(counts).to(values.device)
-        sums = segment_sum(values, lengths, dtype=F64).cpu().numpy()
-        size = int(index.max()) + 1
+        assert chunk.layout is not None and chunk.offsets is not None
+        # How many bins each row spans comes from the reader's offsets (host, per row); the rest is on the device.
+        bins_per_row_np = (np.diff(chunk.offsets) + POSITION_BIN - 1) // POSITION_BIN
+        total_bins, size = int(bins_per_row_np.sum()), int(bins_per_row_np.max())
+        offsets = chunk.layout.offsets
+        device = offsets.device
+        bins_per_row = (offsets[1:] - offsets[:-1] + POSITION_BIN - 1) // POSITION_BIN
+        row = torch.repeat_interleave(torch.arange(bins_per_row.numel(), device=device), bins_per_row,
+                                      output_size=total_bins)
+        first_bin = torch.cumsum(bins_per_row, 0) - bins_per_row
+        index = torch.arange(total_bins, dtype=torch.int64, device=device) - first_bin[row]
+        start = offsets[row] + POSITION_BIN * index
+        end = torch.minimum(start + POSITION_BIN, offsets[row + 1])
+        kept_before = chunk.layout.kept_before
+        counts = kept_before[end] - kept_before[start]
+        sums = segment_sum(chunk.abs_log_ratio, counts, dtype=F64)
         self._grow(size)
-        self.sums[:size] += np.bincount(index, weights=sums, minlength=size)
-        self.tokens[:size] += np.bincount(index, weights=counts, minlength=size).astype(np.int64)
+        self.sums.index_add_(0, index, sums)
+        self.tokens.index_add_(0, index, counts)
 
     def merge(self, other: PositionProfile) -> None:
         """Add another profile's sums."""
-        self._grow(other.sums.size)
-        self.sums[: other.sums.size] += other.sums
-        self.tokens[: other.tokens.size] += other.tokens
+        self._grow(other.sums.numel())
+        self.sums[: other.sums.numel()] += other.sums.to(self.sums.device)
+        self.tokens[: other.tokens.numel()] += other.tokens.to(self.tokens.device)
 
     def compute(self) -> dict[str, object]:
         """Mean |delta| per position bin, coarsened (bin widths doubling) to at most POSITION_MAX_BINS bins."""
-        sums, tokens, width = self.sums, self.tokens, POSITION_BIN
+        sums, tokens, width = self.sums.cpu().numpy(), self.tokens.cpu().numpy(), POSITION_BIN
         while sums.size > POSITION_MAX_BINS:
             pad = sums.size % 2
             sums = np.concatenate([sums, np.zeros(pad)]).reshape(-1, 2).sum(axis=1)
@@ -250,7 +244,7 @@ class DiagnosticsAccumulator(Accumulator):
         self.counts = torch.zeros(2 * NUM_BUCKETS, dtype=torch.int64, device=device)
         self.row_counts = torch.zeros(2 * NUM_BUCKETS, dtype=torch.int64, device=device)  # the same for S_i
         self.prob = PairSums(device)
-        self.positions = PositionProfile()
+        self.positions = PositionProfile(device)
 
     def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
         """Fold one chunk of whole sequences into the state."""
@@ -276,12 +270,15 @@ class DiagnosticsAccumulator(Accumulator):
         self.counts += torch.bincount(signed_buckets(log_ratio), minlength=2 * NUM_BUCKETS)
         self.prob.update(chunk.old, chunk.rollout)
         # Kish ESS over valid rows of the sequence weights exp(clamp(S_i, +-20)).
-        row_log_ratio = chunk.log_ratio_row_sum[chunk.row_valid]
-        row_weight = torch.exp(row_log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))
-        s.add("valid_rows", float(row_weight.numel()))
+        # Empty rows weigh 0 and fall in one extra bucket (no boolean selection: it would wait for the device).
+        valid = chunk.row_valid
+        row_log_ratio = chunk.log_ratio_row_sum
+        row_weight = torch.where(valid, torch.exp(row_log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)), 0.0)
+        s.add("valid_rows", valid.sum())
         s.add("sum_row_weight", row_weight)
         s.add("sum_row_weight_sq", row_weight.square())
-        self.row_counts += torch.bincount(signed_buckets(row_log_ratio), minlength=2 * NUM_BUCKETS)
+        buckets = torch.where(valid, signed_buckets(row_log_ratio), 2 * NUM_BUCKETS)
+        self.row_counts += torch.bincount(buckets, minlength=2 * NUM_BUCKETS + 1)[: 2 * NUM_BUCKETS]
         self.positions.update(chunk)
 
     def merge(self, other: DiagnosticsAccumulator) -> None:

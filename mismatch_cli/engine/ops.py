@@ -1,4 +1,6 @@
-"""Segment primitives over flat token arrays: numpy on the CPU (several times faster there), torch elsewhere."""
+"""Primitives over flat token arrays on any device: numpy kernels on the CPU (several times faster there
+than torch's on one thread), torch elsewhere; none of them waits for the device (no host round trip).
+"""
 
 from __future__ import annotations
 
@@ -22,6 +24,37 @@ def total(values: torch.Tensor) -> torch.Tensor:
     return values.sum(dtype=F64)
 
 
+def exclusive_cumsum(flags: torch.Tensor) -> torch.Tensor:
+    """int64 [n + 1]: element i is how many of flags[:i] are set (or their sum, for integers)."""
+    if flags.device.type == "cpu":
+        out = np.zeros(flags.numel() + 1, dtype=np.int64)
+        np.cumsum(flags.numpy(), dtype=np.int64, out=out[1:])
+        return torch.from_numpy(out)
+    out = torch.zeros(flags.numel() + 1, dtype=torch.int64, device=flags.device)
+    torch.cumsum(flags, 0, out=out[1:])
+    return out
+
+
+def flag_indices(flags: torch.Tensor, count: int) -> torch.Tensor:
+    """int64 indices of the `count` set flags (count known on the host: no device sync to size the result)."""
+    if flags.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(flags.numpy()))
+    return torch.nonzero_static(flags, size=count).flatten()
+
+
+def padded_indices(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Indices of the set flags without a host round trip, and which of them are real.
+
+    On the CPU, exactly the set ones (and None). On a device the count is unknown to the host, so the
+    result has one slot per flag, the unused ones pointing at index n (one past the end) and marked
+    False: callers gather from arrays extended by one neutral element and weight by the marks.
+    """
+    if flags.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(flags.numpy())), None
+    n = flags.numel()
+    index = torch.nonzero_static(flags, size=n, fill_value=n).flatten()
+    return index, index < n
+
 
 def segment_sum(values: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Sums of consecutive segments of `values` with the given lengths (0 for an empty segment).
@@ -29,14 +62,16 @@ def segment_sum(values: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype 
     `dtype` is the accumulation dtype (e.g. float64 sums of float32 values) without a converted copy.
     """
     if values.device.type != "cpu":
-        return torch.segment_reduce(values if dtype is None else values.to(dtype), "sum", lengths=lengths,
-                                    unsafe=True)
+        if values.dtype == torch.bool or (dtype is not None and values.dtype != dtype):
+            values = values.to(dtype or torch.int64)
+        return torch.segment_reduce(values, "sum", lengths=lengths, unsafe=True)
     # reduceat needs strictly increasing starts, so empty segments are left out and stay 0.
     counts = lengths.numpy()
     array = values.numpy()
     out_dtype = array.dtype if dtype is None else torch.empty(0, dtype=dtype).numpy().dtype
     if array.dtype == np.bool_:
-        array = array.astype(out_dtype)
+        array = array.view(np.int8) if out_dtype != np.bool_ else array
+        out_dtype = np.int64 if dtype is None else out_dtype
     out = np.zeros(counts.size, dtype=out_dtype)
     nonempty = counts > 0
     if nonempty.any():
@@ -45,19 +80,62 @@ def segment_sum(values: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype 
     return torch.from_numpy(out)
 
 
-def repeat_segments(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Each segment's value repeated over its tokens (int32)."""
+def segment_count(flags: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """How many set flags (bool) each consecutive segment holds, int64."""
+    if flags.device.type == "cpu":
+        return segment_sum(flags, lengths)
+    before = exclusive_cumsum(flags)
+    ends = torch.cumsum(lengths, 0)
+    return before[ends] - before[ends - lengths]
+
+
+def segment_max(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Per-segment max in float64 (0 for an empty segment)."""
     if values.device.type != "cpu":
-        return torch.repeat_interleave(values.to(torch.int32), lengths)
+        out = torch.segment_reduce(values.to(F64), "max", lengths=lengths, unsafe=True)
+        return torch.where(lengths > 0, out, torch.zeros_like(out))
+    counts = lengths.numpy()
+    out = np.zeros(counts.size, dtype=np.float64)
+    nonempty = counts > 0
+    if nonempty.any():
+        starts = np.concatenate(([0], np.cumsum(counts[:-1])))[nonempty]
+        out[nonempty] = np.maximum.reduceat(values.numpy(), starts)
+    return torch.from_numpy(out)
+
+
+def repeat_segments(values: torch.Tensor, lengths: torch.Tensor, total_length: int) -> torch.Tensor:
+    """Each segment's value repeated over its `total_length` tokens (int32)."""
+    if values.device.type != "cpu":
+        return torch.repeat_interleave(values.to(torch.int32), lengths, output_size=total_length)
     return torch.from_numpy(np.repeat(values.numpy().astype(np.int32), lengths.numpy()))
 
 
 def count_in_segments(flags: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """How many flagged tokens each segment holds, for flags that are rare (float64)."""
+    """How many flagged tokens each segment holds (float64)."""
     if flags.device.type != "cpu":
-        positions = torch.nonzero(flags).flatten()
-        segment = torch.searchsorted(torch.cumsum(lengths, 0), positions, right=True)
-        return torch.bincount(segment, minlength=lengths.numel()).to(torch.float64)
+        return segment_sum(flags.to(F64), lengths)
+    # Flags are rare: locate them instead of summing every segment.
     positions = np.flatnonzero(flags.numpy())
     segment = np.searchsorted(np.cumsum(lengths.numpy()), positions, side="right")
     return torch.from_numpy(np.bincount(segment, minlength=lengths.numel()).astype(np.float64))
+
+
+def count(flags: torch.Tensor) -> torch.Tensor:
+    """How many flags are set, as a 0-d int64 tensor on their device."""
+    if flags.device.type == "cpu":
+        return torch.tensor(np.count_nonzero(flags.numpy()), dtype=torch.int64)
+    return torch.count_nonzero(flags)
+
+
+def take(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """values[index] for a 1-D int64 index (numpy's take on the CPU)."""
+    if values.device.type == "cpu":
+        return torch.from_numpy(np.take(values.numpy(), index.numpy()))
+    return values[index]
+
+
+def isfinite(values: torch.Tensor) -> torch.Tensor:
+    """Elementwise isfinite (numpy's on the CPU: several times faster than torch's there)."""
+    if values.device.type == "cpu":
+        return torch.from_numpy(np.isfinite(values.numpy()))
+    return torch.isfinite(values)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
 from mismatch_cli.engine.chunk import Chunk
@@ -43,14 +42,13 @@ class RoundTable:
             self.rows = torch.cat([self.rows, self.rows.new_zeros(pad)])
 
     def add(self, index: torch.Tensor, run_sums: torch.Tensor, token_index: torch.Tensor | None,
-            buckets: torch.Tensor | None, counts: torch.Tensor | None = None) -> None:
+            buckets: torch.Tensor | None, size: int, counts: torch.Tensor | None = None) -> None:
         """Fold per-run sums into their rounds and per-token |delta| buckets into the round sketches.
 
         With `counts` (every run is round 0) the bucket counts were already taken once for both tables.
         """
         if index.numel() == 0:
             return
-        size = int(index.max().item()) + 1
         self._grow(size)
         self.sums.index_add_(0, index, run_sums)
         self.rows[:size] += torch.bincount(index, minlength=size).to(F64)
@@ -118,16 +116,14 @@ class RoundsAccumulator(Accumulator):
     def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
         """Segment the chunk into rounds and fold its per-round sums in (after IS / RS have run)."""
         runs = chunk.runs
-        if runs.row.size == 0:
+        if runs.count == 0:
             return
-        device = chunk.old.device
-        run_tokens = torch.from_numpy(runs.valid_tokens).to(device)
+        run_tokens = runs.valid_tokens
         run_tokens_f = run_tokens.to(F64)
-        run_row = torch.from_numpy(runs.row).to(device)
+        run_row = runs.row
 
         # Single-turn rows hold one run each: the run sums are the (shared, cached) row sums.
-        one_run_per_row = runs.row.size == int(chunk.row_valid.sum()) and bool(
-            np.array_equal(runs.valid_tokens, chunk.lengths.cpu().numpy()[runs.row]))
+        one_run_per_row = runs.max_per_row == 1
 
         def run_sum(values: torch.Tensor) -> torch.Tensor:
             if one_run_per_row:
@@ -161,18 +157,18 @@ class RoundsAccumulator(Accumulator):
         else:
             columns.append(zeros)
         table = torch.stack(columns, dim=1)
-        index = torch.from_numpy(runs.index).to(device)
-        index_from_end = torch.from_numpy(runs.index_from_end).to(device)
         buckets = LogSketch.buckets(chunk.abs_log_ratio)
-        if int(runs.rounds_per_row.max()) == 1:  # single-turn: every token is round 0 from both ends
+        size, tokens = runs.max_per_row, chunk.num_tokens
+        if size == 1:  # single-turn: every token is round 0 from both ends
             counts = torch.bincount(buckets, minlength=NUM_BUCKETS)
-            self.from_start.add(index, table, None, None, counts)
-            self.from_end.add(index_from_end, table, None, None, counts)
+            self.from_start.add(runs.index, table, None, None, 1, counts)
+            self.from_end.add(runs.index_from_end, table, None, None, 1, counts)
         else:
-            self.from_start.add(index, table, repeat_segments(index, run_tokens), buckets)
-            self.from_end.add(index_from_end, table, repeat_segments(index_from_end, run_tokens), buckets)
-        self.total_rounds += int(runs.row.size)
-        self.max_rounds = max(self.max_rounds, int(runs.rounds_per_row.max()))
+            self.from_start.add(runs.index, table, repeat_segments(runs.index, run_tokens, tokens), buckets, size)
+            self.from_end.add(runs.index_from_end, table, repeat_segments(runs.index_from_end, run_tokens, tokens),
+                              buckets, size)
+        self.total_rounds += runs.count
+        self.max_rounds = max(self.max_rounds, size)
 
     def merge(self, other: RoundsAccumulator) -> None:
         """Fold another shard's rounds in."""

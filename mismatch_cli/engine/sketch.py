@@ -106,14 +106,13 @@ def bucket_midpoints(buckets: np.ndarray) -> np.ndarray:
     return np.where(buckets == 0, 0.0, values)
 
 
-def merge_counts(keys: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted unique keys and the summed counts of each (keys may repeat, in any order)."""
-    if keys.size == 0:
-        return keys.astype(np.int64), counts.astype(np.int64)
-    order = np.argsort(keys, kind="stable")
-    keys, counts = keys[order], counts[order]
-    first = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
-    return keys[first], np.add.reduceat(counts, first)
+def merge_counts(keys: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted unique keys and the summed counts of each (keys may repeat, in any order), on their device."""
+    if keys.numel() == 0:
+        return keys.to(torch.int64), counts.to(torch.int64)
+    unique, inverse = torch.unique(keys, return_inverse=True)
+    summed = torch.zeros(unique.numel(), dtype=torch.int64, device=keys.device).index_add_(0, inverse, counts)
+    return unique, summed
 
 
 class GroupedSketch:
@@ -128,9 +127,9 @@ class GroupedSketch:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.dense = torch.zeros((0, NUM_BUCKETS), dtype=torch.int64, device=device)
-        self.keys = np.zeros(0, dtype=np.int64)
-        self.counts = np.zeros(0, dtype=np.int64)
-        self.pending: list[tuple[np.ndarray, np.ndarray]] = []
+        self.keys = torch.zeros(0, dtype=torch.int64, device=device)
+        self.counts = torch.zeros(0, dtype=torch.int64, device=device)
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.pending_size = 0
 
     def _grow(self, groups: int) -> None:
@@ -139,19 +138,18 @@ class GroupedSketch:
             extra = torch.zeros((groups - self.dense.shape[0], NUM_BUCKETS), dtype=torch.int64, device=self.device)
             self.dense = torch.cat([self.dense, extra])
 
-    def _add_sparse(self, keys: np.ndarray, counts: np.ndarray) -> None:
-        if keys.size == 0:
+    def _add_sparse(self, keys: torch.Tensor, counts: torch.Tensor) -> None:
+        if keys.numel() == 0:
             return
-        self.pending.append((keys, counts))
-        self.pending_size += keys.size
-        if self.pending_size > max(self.keys.size, COMPACT_MIN):
+        self.pending.append((keys.to(self.device), counts.to(self.device)))
+        self.pending_size += keys.numel()
+        if self.pending_size > max(self.keys.numel(), COMPACT_MIN):
             self._compact()
 
     def _compact(self) -> None:
         if self.pending:
             parts = [(self.keys, self.counts), *self.pending]
-            self.keys, self.counts = merge_counts(np.concatenate([k for k, _ in parts]),
-                                                  np.concatenate([c for _, c in parts]))
+            self.keys, self.counts = merge_counts(torch.cat([k for k, _ in parts]), torch.cat([c for _, c in parts]))
             self.pending, self.pending_size = [], 0
 
     def add_counts(self, counts: torch.Tensor) -> None:
@@ -166,14 +164,15 @@ class GroupedSketch:
         self._grow(num_groups)
         dense_groups = min(num_groups, DENSE_GROUPS)
         if num_groups > DENSE_GROUPS:
+            # Rows with many rounds: their high rounds' keys, counted on the device (one sort per chunk;
+            # selecting them is the one place the rounds wait for the device, and only such chunks do).
             sparse = groups >= DENSE_GROUPS
-            high_groups, high_buckets = groups[sparse].cpu().numpy(), buckets[sparse].cpu().numpy()
-            keys = (high_groups.astype(np.int64) << GROUP_SHIFT) | high_buckets
-            unique, counts = np.unique(keys, return_counts=True)
-            self._add_sparse(unique, counts.astype(np.int64))
+            keys = (groups[sparse].to(torch.int64) << GROUP_SHIFT) | buckets[sparse]
+            unique, counts = torch.unique(keys, return_counts=True)
+            self._add_sparse(unique, counts)
             low = ~sparse
             groups, buckets = groups[low], buckets[low]
-        flat = (groups.to(torch.int64) << GROUP_SHIFT) | buckets
+        flat = torch.add(buckets, groups, alpha=NUM_BUCKETS)  # (group << GROUP_SHIFT) | bucket, in int32
         counts = torch.bincount(flat, minlength=dense_groups * NUM_BUCKETS)
         self.dense[:dense_groups] += counts.view(dense_groups, NUM_BUCKETS)
 
@@ -189,8 +188,9 @@ class GroupedSketch:
         self._compact()
         dense = self.dense.cpu().numpy()
         rows, buckets = np.nonzero(dense)
-        keys = np.concatenate([(rows.astype(np.int64) << GROUP_SHIFT) | buckets, self.keys])
-        counts = np.concatenate([dense[rows, buckets], self.counts])  # dense keys all precede the sparse ones
+        keys = np.concatenate([(rows.astype(np.int64) << GROUP_SHIFT) | buckets, self.keys.cpu().numpy()])
+        # Dense keys all precede the sparse ones.
+        counts = np.concatenate([dense[rows, buckets], self.counts.cpu().numpy()])
         if keys.size == 0:
             return [None] * num_groups
         group = keys >> GROUP_SHIFT

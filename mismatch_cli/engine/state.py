@@ -19,11 +19,13 @@ class Reducer:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.values: dict[str, torch.Tensor] = {}
+        self.values: dict[str, torch.Tensor | float] = {}
         self.kinds: dict[str, str] = {}
 
     def _put(self, name: str, value: torch.Tensor | float, kind: str) -> None:
-        value = torch.as_tensor(value, dtype=F64, device=self.device)
+        # Numbers the host knows (counts) are summed on the host: no tiny host-to-device copy per call.
+        if isinstance(value, torch.Tensor) or kind != "sum":
+            value = torch.as_tensor(value, dtype=F64, device=self.device)
         current = self.values.get(name)
         self.kinds[name] = kind
         if current is None:
@@ -31,9 +33,9 @@ class Reducer:
         elif kind == "sum":
             self.values[name] = current + value
         elif kind == "max":
-            self.values[name] = torch.maximum(current, value)
+            self.values[name] = torch.maximum(torch.as_tensor(current, dtype=F64, device=self.device), value)
         else:
-            self.values[name] = torch.minimum(current, value)
+            self.values[name] = torch.minimum(torch.as_tensor(current, dtype=F64, device=self.device), value)
 
     def add(self, name: str, value: torch.Tensor | float) -> None:
         """Add `value` (a number, or a tensor whose elements are summed in float64) to the running sum `name`."""
@@ -58,12 +60,14 @@ class Reducer:
     def merge(self, other: Reducer) -> None:
         """Fold another reducer's state into this one."""
         for name, value in other.values.items():
-            self._put(name, value.to(self.device), other.kinds[name])
+            self._put(name, value, other.kinds[name])
 
     def get(self, name: str, default: float = 0.0) -> float:
         """The current value of `name` as a Python float."""
         value = self.values.get(name)
-        return default if value is None else float(value.item())
+        if value is None:
+            return default
+        return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
 
 
 class Moments:
@@ -85,9 +89,9 @@ class Moments:
     def update(self, values: torch.Tensor) -> None:
         """Add a 1-D tensor of values."""
         values = values.to(F64)
-        count = torch.tensor(float(values.numel()), dtype=F64, device=self.count.device)
         if values.numel() == 0:
             return
+        count = values.new_full((), float(values.numel()))  # a fill on the device, not a copy
         mean = values.mean()
         m2 = ((values - mean) ** 2).sum()
         self._combine(count, mean, m2)

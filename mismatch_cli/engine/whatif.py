@@ -18,13 +18,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from mismatch_cli.correction import SAFETY_BOUND, RsOption
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.diagnostics import scratch
-from mismatch_cli.engine.ops import total
+from mismatch_cli.engine.ops import padded_indices, total
 from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.rejection import OptionBounds, token_statistic
 from mismatch_cli.engine.state import F64
@@ -76,19 +75,6 @@ def _bounds(threshold: str) -> tuple[float, float]:
     return float(lower), float(upper)
 
 
-def row_sums(values: torch.Tensor, lengths: torch.Tensor) -> np.ndarray:
-    """Per-row float64 sums of a token quantity (0 for an empty row), without a float64 copy on the CPU."""
-    if values.device.type != "cpu":
-        return torch.segment_reduce(values.to(F64), "sum", lengths=lengths, unsafe=True).cpu().numpy()
-    counts = lengths.numpy()
-    out = np.zeros(counts.size, dtype=np.float64)
-    nonempty = counts > 0
-    if nonempty.any():
-        starts = np.concatenate(([0], np.cumsum(counts[:-1])))[nonempty]
-        out[nonempty] = np.add.reduceat(values.numpy(), starts, dtype=np.float64)
-    return out
-
-
 def _float32_log(value: float) -> float:
     # verl-0.6/0.7 compute log(veto) as a float32 scalar tensor (docs/legacy-semantics.md §2).
     return float(torch.log(torch.tensor(value, dtype=torch.float32)).item())
@@ -100,9 +86,11 @@ class WhatIfAccumulator(Accumulator):
     def __init__(self, k1_bounds: str, device: torch.device, scenarios: tuple[Scenario, ...] = LADDER) -> None:
         self.scenarios = scenarios
         self.device = device
-        self.table = np.zeros((len(scenarios), len(COLUMNS)))
+        self.table = torch.zeros((len(scenarios), len(COLUMNS)), dtype=F64, device=device)
         self.tokens = 0
-        self.valid_rows = 0
+        self.valid_rows: torch.Tensor | int = 0  # a device count until compute()
+        self.cell_index: dict[tuple[int, ...], torch.Tensor] = {}
+        self.constants: dict[tuple[str, torch.dtype], torch.Tensor] = {}
         self.index = {family: [i for i, s in enumerate(scenarios) if s.family == family]
                       for family in ("none", "tis", "icepop", "rs", "veto")}
         self.tis_token = [i for i in self.index["tis"] if scenarios[i].level == "token"]
@@ -122,94 +110,114 @@ class WhatIfAccumulator(Accumulator):
         self.candidate_bound = min((abs(b) for b in boundaries), default=SAFETY_BOUND) * (1 - CANDIDATE_MARGIN)
 
     def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
-        """Fold one chunk of whole sequences into every setting's counts and sums."""
-        valid = chunk.row_valid.cpu().numpy()
+        """Fold one chunk of whole sequences into every setting's counts and sums, on the chunk's device."""
+        valid = chunk.row_valid
         self.tokens += chunk.num_tokens
-        self.valid_rows += int(valid.sum())
+        self.valid_rows = self.valid_rows + valid.sum()
         if chunk.num_tokens == 0:
             return
-        table = np.zeros_like(self.table)
-        tokens = float(chunk.num_tokens)
-        lengths = chunk.lengths.cpu().numpy()
-        row_tokens = lengths.astype(np.float64)
-        row_r, row_r_sq = row_sums(chunk.ratio_safe, chunk.lengths), row_sums(chunk.ratio_safe_sq, chunk.lengths)
+        device, n, rows = chunk.old.device, chunk.num_tokens, chunk.num_rows
+        tokens = float(n)
+        row_tokens = chunk.row_tokens
+        row_r, row_r_sq = chunk.row_sum(chunk.ratio_safe), chunk.row_sum(chunk.ratio_safe_sq)
 
-        # Candidate tokens: the only ones any token-level rule can act on.
-        n, device = chunk.num_tokens, chunk.old.device
+        cells: list[torch.Tensor] = []  # this chunk's additions, one flat table cell per element
+        cell_index: list[int] = []
+
+        def put(i: int | list[int], columns: list[int], *values: torch.Tensor | float) -> None:
+            rows_i = [i] if isinstance(i, int) else i
+            for column, value in zip(columns, values, strict=True):
+                if not isinstance(value, torch.Tensor):
+                    value = torch.full((), value, dtype=F64, device=device)  # a fill, not a host-to-device copy
+                cells.append(value.to(F64).reshape(-1).expand(len(rows_i)))
+                cell_index.extend(r * len(COLUMNS) + column for r in rows_i)
+
+        # Candidate tokens: the only ones a token-level rule can act on (padded on a device: padded_indices).
         is_candidate = torch.gt(chunk.abs_log_ratio, self.candidate_bound, out=scratch("flag", n, torch.bool, device))
-        if device.type == "cpu":
-            candidates = torch.from_numpy(np.flatnonzero(is_candidate.numpy()))  # faster than torch.nonzero
-        else:
-            candidates = torch.nonzero(is_candidate).flatten()
-        log_ratio_c = chunk.log_ratio[candidates].cpu().numpy()
-        ratio_c = chunk.ratio_safe[candidates].cpu().numpy()
-        ratio_c64 = ratio_c.astype(np.float64)[:, None]
-        ratio_sq_c = chunk.ratio_safe_sq[candidates].cpu().numpy().astype(np.float64)  # the squares row_r_sq holds
-        row_c = np.searchsorted(np.cumsum(lengths), candidates.cpu().numpy(), side="right")
+        index, present = padded_indices(is_candidate)
+        if present is not None:
+            index = index.clamp(max=n - 1)
+        real = present if present is not None else torch.ones_like(index, dtype=torch.bool)
+        real64 = real.to(F64)
+        log_ratio_c = chunk.log_ratio[index]
+        ratio_c = chunk.ratio_safe[index]
+        ratio_c64 = (ratio_c.to(F64) * real64)[:, None]
+        ratio_sq_c = chunk.ratio_safe_sq[index].to(F64) * real64  # the squares row_r_sq holds
+        # A padded slot belongs to the extra row B, dropped below.
+        row_c = torch.searchsorted(torch.cumsum(chunk.lengths, 0), index, right=True)
+        if present is not None:
+            row_c = torch.where(real, row_c, rows)
         # Weight sums of the other tokens: total - candidates (the same float values on both sides), unless a
         # huge candidate weight (up to e^20) would swamp the small ones' squares; then they are summed directly.
-        rest_r, rest_r_sq = float(row_r.sum() - ratio_c64.sum()), float(row_r_sq.sum() - ratio_sq_c.sum())
-        if ratio_sq_c.sum() > 1e4 * tokens:
-            rest = scratch("x", n, chunk.old.dtype, device).copy_(chunk.ratio_safe).masked_fill_(is_candidate, 0.0)
-            rest_r = float(total(rest))
-            rest_r_sq = float(total(rest.square_()))  # in float64: a float32 sum would depend on the chunking
+        rest_r, rest_r_sq = row_r.sum() - ratio_c64.sum(), row_r_sq.sum() - ratio_sq_c.sum()
+        huge = ratio_sq_c.sum() > 1e4 * tokens
 
-        def rows_hit(flags: np.ndarray) -> np.ndarray:
-            """[B, J] bool: the row holds at least one flagged candidate, per setting."""
-            return np.stack([np.bincount(row_c[f], minlength=lengths.size) > 0 for f in flags.T], axis=1)
+        def direct() -> tuple[torch.Tensor, torch.Tensor]:
+            rest = scratch("x", n, chunk.old.dtype, device).copy_(chunk.ratio_safe).masked_fill_(is_candidate, 0.0)
+            # In float64: a float32 sum would depend on the chunking.
+            return total(rest).to(device), total(rest.square_()).to(device)
+
+        if device.type == "cpu":
+            if bool(huge):
+                rest_r, rest_r_sq = direct()
+        else:  # no host round trip: both ways, then pick
+            direct_r, direct_r_sq = direct()
+            rest_r, rest_r_sq = torch.where(huge, direct_r, rest_r), torch.where(huge, direct_r_sq, rest_r_sq)
+
+        def rows_hit(flags: torch.Tensor) -> torch.Tensor:
+            """[B, J] bool: the row holds at least one flagged (real) candidate, per setting."""
+            hits = torch.zeros((rows + 1, flags.shape[1]), dtype=torch.int64, device=device)
+            return hits.index_add_(0, row_c, (flags & real[:, None]).to(torch.int64))[:rows] > 0
 
         for i in self.index["none"]:
-            table[i, [_W, _W2, _N]] = row_r.sum(), row_r_sq.sum(), tokens
+            put(i, [_W, _W2, _N], row_r.sum(), row_r_sq.sum(), tokens)
         if self.tis_token:
-            upper = np.array([float(self.scenarios[i].threshold) for i in self.tis_token])
+            upper = self._constant("tis", [float(self.scenarios[i].threshold) for i in self.tis_token], F64, device)
             # verl truncates with raw.clamp(max=U): a float32 weight above a float32 U.
-            over = ratio_c[:, None] > upper.astype(ratio_c.dtype)[None, :]
-            weight = np.minimum(ratio_c64, upper[None, :])
-            rows = self.tis_token
-            table[rows, _T] = over.sum(axis=0)
-            table[rows, _W] = rest_r + weight.sum(axis=0)
-            table[rows, _W2] = rest_r_sq + (weight**2).sum(axis=0)
-            table[rows, _N] = tokens
+            upper_c = self._constant("tis", [float(self.scenarios[i].threshold) for i in self.tis_token],
+                                     ratio_c.dtype, device)
+            over = (ratio_c[:, None] > upper_c[None, :]) & real[:, None]
+            weight = torch.minimum(ratio_c64, upper[None, :]) * real64[:, None]
+            put(self.tis_token, [_T, _W, _W2, _N], over.sum(0), rest_r + weight.sum(0),
+                rest_r_sq + (weight**2).sum(0), torch.full_like(upper, tokens))
         if self.icepop_token:
-            lower, upper = (np.array(b, dtype=ratio_c.dtype) for b in zip(*self.icepop_token_bands, strict=True))
-            zeroed = ~((ratio_c[:, None] >= lower) & (ratio_c[:, None] <= upper))
-            weight = np.where(zeroed, 0.0, ratio_c64)
-            rows = self.icepop_token
-            table[rows, _M] = zeroed.sum(axis=0)
-            table[rows, _R] = rows_hit(zeroed).sum(axis=0)
-            table[rows, _W] = rest_r + weight.sum(axis=0)
-            table[rows, _W2] = rest_r_sq + (weight**2).sum(axis=0)
-            table[rows, _N] = tokens
+            lower, upper = (self._constant(f"icepop{j}", list(b), ratio_c.dtype, device)
+                            for j, b in enumerate(zip(*self.icepop_token_bands, strict=True)))
+            zeroed = ~((ratio_c[:, None] >= lower) & (ratio_c[:, None] <= upper)) & real[:, None]
+            weight = torch.where(zeroed, 0.0, ratio_c64)
+            put(self.icepop_token, [_M, _R, _W, _W2, _N], zeroed.sum(0), rows_hit(zeroed).sum(0),
+                rest_r + weight.sum(0), rest_r_sq + (weight**2).sum(0), torch.full((len(self.icepop_token),), tokens))
 
-        log_sum = chunk.log_ratio_row_sum.cpu().numpy()
-        raw_row = np.exp(np.clip(log_sum, -SAFETY_BOUND, SAFETY_BOUND))
+        log_sum = chunk.log_ratio_row_sum
+        raw_row = torch.exp(log_sum.clamp(-SAFETY_BOUND, SAFETY_BOUND))
         for i in self.tis_seq:
             upper = float(self.scenarios[i].threshold)
-            weight = np.minimum(raw_row, upper)
-            table[i, [_T, _W, _W2, _N]] = (row_tokens[raw_row > upper].sum(), row_tokens @ weight,
-                                            row_tokens @ weight**2, tokens)
+            weight = raw_row.clamp(max=upper)
+            put(i, [_T, _W, _W2, _N], torch.where(raw_row > upper, row_tokens, 0.0).sum(), row_tokens @ weight,
+                row_tokens @ weight**2, tokens)
         for i in self.icepop_seq:
             lower, upper = _bounds(str(self.scenarios[i].threshold))
             kept = (raw_row >= lower) & (raw_row <= upper)
-            weight = np.where(kept, raw_row, 0.0)
-            table[i, [_M, _R, _W, _W2, _N]] = (row_tokens[~kept].sum(), (~kept & valid).sum(), row_tokens @ weight,
-                                                row_tokens @ weight**2, tokens)
+            weight = torch.where(kept, raw_row, 0.0)
+            put(i, [_M, _R, _W, _W2, _N], torch.where(kept, 0.0, row_tokens).sum(), (~kept & valid).sum(),
+                row_tokens @ weight, row_tokens @ weight**2, tokens)
 
-        def drop_rows(i: int, rejected: np.ndarray) -> None:
+        def drop_rows(i: int, rejected: torch.Tensor) -> None:
             # Sums over the kept rows themselves: "total - dropped" would cancel when nearly all are dropped.
-            kept = ~rejected
-            masked = row_tokens[rejected].sum()
-            table[i, [_M, _R, _W, _W2, _N]] = (masked, rejected.sum(), row_r[kept].sum(), row_r_sq[kept].sum(),
-                                                tokens - masked)
+            masked = torch.where(rejected, row_tokens, 0.0).sum()
+            put(i, [_M, _R, _W, _W2, _N], masked, rejected.sum(), torch.where(rejected, 0.0, row_r).sum(),
+                torch.where(rejected, 0.0, row_r_sq).sum(), tokens - masked)
 
         if self.index["rs"]:
-            if bool((np.abs(log_ratio_c) > SAFETY_BOUND).any()):
-                # Some token is clamped at +-20: recompute the clamped statistics as verl does.
-                safe_sum = row_sums(chunk.log_ratio_safe, chunk.lengths)
-                k3_sum = row_sums(token_statistic(chunk, "k3"), chunk.lengths)
-            else:
-                # Nothing clamped: sum_t (r - 1 - l) = sum_t r - n - S_i, summed in float64 (no token pass).
-                safe_sum, k3_sum = log_sum, row_r - row_tokens - log_sum
+            # Nothing clamped: sum_t (r - 1 - l) = sum_t r - n - S_i, summed in float64 (no token pass).
+            safe_sum, k3_sum = log_sum, row_r - row_tokens - log_sum
+            clamped = ((log_ratio_c.abs() > SAFETY_BOUND) & real).any()
+            if device.type != "cpu" or bool(clamped):
+                # Some token is clamped at +-20: the clamped statistics as verl computes them (on a device,
+                # computed either way and picked without a host round trip).
+                direct_safe = chunk.row_sum(chunk.log_ratio_safe)
+                direct_k3 = chunk.row_sum(token_statistic(chunk, "k3"))
+                safe_sum, k3_sum = torch.where(clamped, direct_safe, safe_sum), torch.where(clamped, direct_k3, k3_sum)
             denominator = row_tokens + 1e-8  # verl's masked_mean
             statistics = {"seq_mean_k1": -safe_sum / denominator, "seq_sum_k1": -safe_sum,
                           "seq_mean_k3": k3_sum / denominator}
@@ -219,23 +227,34 @@ class WhatIfAccumulator(Accumulator):
                 keep = (stat >= bounds.low) & (stat <= bounds.high) if bounds.option.is_k1 else stat <= bounds.high
                 drop_rows(i, ~keep & valid)
         if self.index["veto"]:
-            catastrophic = log_ratio_c[:, None] < np.array(self.veto_logs, dtype=log_ratio_c.dtype)[None, :]
-            vetoed = rows_hit(catastrophic) & valid[:, None]
+            logs = self._constant("veto", self.veto_logs, log_ratio_c.dtype, device)
+            vetoed = rows_hit(log_ratio_c[:, None] < logs[None, :]) & valid[:, None]
             for j, i in enumerate(self.index["veto"]):
                 drop_rows(i, vetoed[:, j])
-        self.table += table
+        key = tuple(cell_index)  # the same cells every chunk: their index goes to the device once
+        if key not in self.cell_index:
+            self.cell_index[key] = torch.tensor(key, dtype=torch.int64, device=device)
+        self.table.view(-1).index_add_(0, self.cell_index[key], torch.cat(cells))
+
+    def _constant(self, name: str, values: list[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """Thresholds as a device tensor, copied there once."""
+        key = (name, dtype)
+        if key not in self.constants:
+            self.constants[key] = torch.tensor(values, dtype=dtype, device=device)
+        return self.constants[key]
 
     def merge(self, other: WhatIfAccumulator) -> None:
         """Fold another shard's table in."""
-        self.table += other.table
+        self.table += other.table.to(self.table.device)
         self.tokens += other.tokens
-        self.valid_rows += other.valid_rows
+        self.valid_rows = self.valid_rows + (other.valid_rows.to(self.device) if isinstance(other.valid_rows,
+                                                                                              torch.Tensor) else 0)
 
     def compute(self) -> Contribution:
         """The what-if table, one row per setting: truncated / masked fractions, masked sequences, mean weight, ESS."""
-        tokens, valid_rows = self.tokens, self.valid_rows
+        tokens, valid_rows = self.tokens, int(self.valid_rows)
         out: list[dict[str, object]] = []
-        for scenario, row in zip(self.scenarios, self.table.tolist(), strict=True):
+        for scenario, row in zip(self.scenarios, self.table.cpu().tolist(), strict=True):
             is_weight = scenario.family in ("tis", "icepop")
             weight_tokens = row[_N]
             mean = row[_W] / (weight_tokens + 1e-8)

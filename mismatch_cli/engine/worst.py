@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.ops import segment_max
 from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.state import F64
 
@@ -25,16 +26,7 @@ CRITERIA = {
 
 def row_max(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Per-row max of a token quantity (0 for an empty row), float64 [B]."""
-    if values.device.type != "cpu":
-        out = torch.segment_reduce(values.to(F64), "max", lengths=lengths, unsafe=True)
-        return torch.where(lengths > 0, out, torch.zeros_like(out))
-    counts = lengths.numpy()
-    out = np.zeros(counts.size, dtype=np.float64)
-    nonempty = counts > 0
-    if nonempty.any():
-        starts = np.concatenate(([0], np.cumsum(counts[:-1])))[nonempty]
-        out[nonempty] = np.maximum.reduceat(values.numpy(), starts)
-    return torch.from_numpy(out)
+    return segment_max(values, lengths)
 
 
 def _python(value: Any) -> Any:
@@ -55,41 +47,58 @@ class WorstSequences(Accumulator):
     def __init__(self, k: int = TOP_K) -> None:
         self.k = k
         self.best: dict[str, list[dict[str, Any]]] = {c: [] for c in CRITERIA}
+        # Each chunk's picks, still on their way to the host, with the chunk's per-row metadata.
+        self.pending: list[tuple[torch.Tensor, Any, tuple[str, int, Any, Any]]] = []
 
     def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
-        """Pick the chunk's k best valid rows per criterion and fold them in."""
-        valid = chunk.row_valid
-        if not bool(valid.any()):
+        """Pick the chunk's k best valid rows per criterion on the device; the host reads them a chunk later."""
+        if chunk.num_rows == 0:
             return
         tokens = chunk.row_tokens
         mean = chunk.log_ratio_row_sum / tokens.clamp_min(1.0)
-        scores = {
-            "abs_mean_log_ratio": mean.abs(),
-            "max_abs_log_ratio": row_max(chunk.abs_log_ratio, chunk.lengths),
-        }
-        rows = np.flatnonzero(valid.cpu().numpy())
-        columns = {name: values.cpu().numpy()[rows] for name, values in scores.items()}
-        mean_np, tokens_np = mean.cpu().numpy()[rows], tokens.cpu().numpy()[rows]
-        picked: set[int] = set()
-        for values in columns.values():
-            # Stable sort: among equal scores the earlier row (lower row number) wins, as in the merge.
-            picked.update(rows[np.argsort(-values, kind="stable")[: self.k]].tolist())
-        position = {row: i for i, row in enumerate(rows.tolist())}
-        candidates = []
-        for row in sorted(picked):
-            i = position[row]
-            entry: dict[str, Any] = {
-                "file": chunk.source,
-                "row": chunk.first_row + row,
-                "id": None if chunk.sequence_ids is None else _python(chunk.sequence_ids[row]),
-                "step": None if chunk.steps is None else int(chunk.steps[row]),
-                "tokens": int(tokens_np[i]),
-                "log_ratio_mean": float(mean_np[i]),
-            }
-            for criterion, values in columns.items():
-                entry[criterion] = float(values[i])
-            candidates.append(entry)
-        self._fold(candidates)
+        scores = torch.stack([mean.abs(), row_max(chunk.abs_log_ratio, chunk.lengths)])
+        scores = torch.where(chunk.row_valid, scores, -1.0)  # scores are >= 0: an empty row is never picked
+        # Stable: among equal scores the earlier row (lower row number) wins, as in the merge.
+        picked = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, : self.k].flatten()
+        payload = torch.stack([picked.to(F64), scores[0, picked], scores[1, picked], mean[picked], tokens[picked]])
+        event = None
+        if payload.device.type == "cuda":
+            payload = payload.to("cpu", non_blocking=True)  # into pinned memory, without waiting
+            event = torch.cuda.Event()
+            event.record()
+        self.pending.append((payload, event, (chunk.source, chunk.first_row, chunk.sequence_ids, chunk.steps)))
+        self._drain(wait=False)
+
+    def _drain(self, wait: bool = True) -> None:
+        """Fold in the picks that have reached the host (all of them when `wait`)."""
+        while self.pending:
+            payload, event, (source, first_row, sequence_ids, steps) = self.pending[0]
+            if event is not None and not event.query():
+                if not wait:
+                    return
+                event.synchronize()
+            self.pending.pop(0)
+            columns = payload.numpy()
+            candidates = []
+            for i in sorted(set(np.flatnonzero(columns[1] >= 0).tolist()), key=lambda i: columns[0, i]):
+                row = int(columns[0, i])
+                if candidates and candidates[-1]["row"] == first_row + row:
+                    continue
+                candidates.append({
+                    "file": source,
+                    "row": first_row + row,
+                    "id": None if sequence_ids is None else _python(sequence_ids[row]),
+                    "step": None if steps is None else int(steps[row]),
+                    "tokens": int(columns[4, i]),
+                    "log_ratio_mean": float(columns[3, i]),
+                    "abs_mean_log_ratio": float(columns[1, i]),
+                    "max_abs_log_ratio": float(columns[2, i]),
+                })
+            self._fold(candidates)
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._drain()
+        return self.__dict__
 
     def _fold(self, candidates: list[dict[str, Any]]) -> None:
         for criterion in CRITERIA:
@@ -98,12 +107,15 @@ class WorstSequences(Accumulator):
 
     def merge(self, other: WorstSequences) -> None:
         """Fold another shard's candidates in."""
+        self._drain()
+        other._drain()
         for criterion in CRITERIA:
             pool = self.best[criterion] + other.best[criterion]
             self.best[criterion] = sorted(pool, key=lambda e, c=criterion: _order(e, c))[: self.k]
 
     def compute(self) -> Contribution:
         """One entry per (criterion, rank): the row's identity and both scores."""
+        self._drain()
         out = []
         for criterion in CRITERIA:
             for rank, entry in enumerate(self.best[criterion], start=1):

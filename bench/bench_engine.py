@@ -1,0 +1,88 @@
+"""In-process engine throughput: the accumulators over batches already in memory, no reading, no start-up.
+
+    python bench/bench_engine.py [--tokens 10000000] [--turns 1 4] [--repeats 3] [--device cpu] [--profile]
+
+Makes a `mismatch synth` dump per turn count (kept in --workdir), reads it once into memory, then
+times `Analysis.update` + `finish` over those batches with the default and the full configuration,
+alternating, one torch thread (as `analyze` runs). Prints Mtok/s per run and the best of each.
+`--profile` prints cProfile's top functions of one full-configuration run instead. A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from mismatch_cli.correction import CorrectionConfig, resolve
+from mismatch_cli.engine.runner import Analysis, resolve_device
+from mismatch_cli.io import ReadOptions, discover_inputs, iter_batches
+
+FULL = CorrectionConfig(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="seq_mean_k1,token_k3",
+                        rollout_rs_threshold="0.999_1.001,0.5")
+
+
+def load(path: Path, tokens: int, turns: int) -> list:
+    """The dump's batches, read once into memory (made with `mismatch synth` when missing)."""
+    if not path.exists():
+        subprocess.run([sys.executable, "-m", "mismatch_cli", "synth", str(path), "--tokens", str(tokens),
+                        "--turns", str(turns), "--seed", "7"], check=True, stdout=subprocess.DEVNULL)
+    return list(iter_batches(discover_inputs([str(path)]), ReadOptions()))
+
+
+def once(batches: list, config: CorrectionConfig, device: str) -> float:
+    """Seconds for one pass of the engine over the batches (CPU time on the CPU: robust to a busy machine)."""
+    analysis = Analysis(resolve(config), resolve_device(device))
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    clock = time.perf_counter if device.startswith("cuda") else time.process_time
+    start = clock()
+    for batch in batches:
+        analysis.update(batch)
+    analysis.finish()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return clock() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tokens", type=int, default=10_000_000)
+    parser.add_argument("--turns", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/mismatch-bench"))
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    for turns in args.turns:
+        path = args.workdir / f"engine_{args.tokens}_{turns}.parquet"
+        batches = load(path, args.tokens, turns)
+        tokens = sum(int(b.response_mask.sum()) for b in batches)
+        once(batches[:2], FULL, args.device)  # warm-up: lazy imports, work buffers
+        if args.profile:
+            profile = cProfile.Profile()
+            profile.enable()
+            once(batches, FULL, args.device)
+            profile.disable()
+            pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+            continue
+        best: dict[str, float] = {}
+        for _ in range(args.repeats):
+            for label, config in (("default", CorrectionConfig()), ("full", FULL)):
+                seconds = once(batches, config, args.device)
+                best[label] = min(best.get(label, seconds), seconds)
+                print(f"turns {turns} {label:8s} {seconds:6.3f} s  {tokens / seconds / 1e6:6.1f} Mtok/s", flush=True)
+        print(f"turns {turns}: {tokens / 1e6:.1f}M valid tokens; best default {tokens / best['default'] / 1e6:.1f} "
+              f"Mtok/s, full {tokens / best['full'] / 1e6:.1f} Mtok/s")
+
+
+if __name__ == "__main__":
+    main()
