@@ -51,7 +51,8 @@ class Layout:
         previous[offsets[:-1]] = False  # a row's first position starts a run whatever precedes it
         starts = mask & ~previous[:positions]
         rounds_per_row = segment_count(starts, row_positions)
-        most = rounds_per_row.max() if rounds_per_row.numel() else torch.zeros((), dtype=torch.int64)
+        empty = torch.zeros((), dtype=torch.int64, device=mask.device)
+        most = rounds_per_row.max() if rounds_per_row.numel() else empty
         return Layout(offsets, keep, starts, rounds_per_row, count(keep), count(starts),
                       most)
 

@@ -186,7 +186,8 @@ class WhatIfAccumulator(Accumulator):
             zeroed = ~((ratio_c[:, None] >= lower) & (ratio_c[:, None] <= upper)) & real[:, None]
             weight = torch.where(zeroed, 0.0, ratio_c64)
             put(self.icepop_token, [_M, _R, _W, _W2, _N], zeroed.sum(0), rows_hit(zeroed).sum(0),
-                rest_r + weight.sum(0), rest_r_sq + (weight**2).sum(0), torch.full((len(self.icepop_token),), tokens))
+                rest_r + weight.sum(0), rest_r_sq + (weight**2).sum(0),
+                torch.full((len(self.icepop_token),), tokens, dtype=F64, device=device))
 
         log_sum = chunk.log_ratio_row_sum
         raw_row = torch.exp(log_sum.clamp(-SAFETY_BOUND, SAFETY_BOUND))
