@@ -4,7 +4,7 @@ Exact counts, cheaply. Every token-level rule of the ladder (TIS, IcePop, token 
 tokens with |delta| beyond the smallest of its bounds, so each chunk picks those few candidate
 tokens once (one comparison on the cached |delta|) and decides every rule on them exactly as verl
 would, vectorized over the thresholds; everything else follows from chunk totals. Sequence-level
-rules work on per-row sums (S_i, sum of r, r^2, k3). The state is a fixed [scenarios x 6] table.
+rules work on per-row sums (S_i, sum of r, r^2, k3). The state is a fixed [scenarios x 7] table.
 
 Semantics (docs/verl-semantics.md §3, §4; docs/legacy-semantics.md §6.4): IS weights are never masks, so an IS row's
 ESS is verl's `rollout_is_eff_sample_size` of the applied weights over all valid tokens; IcePop's
@@ -66,8 +66,9 @@ def _ladder() -> tuple[Scenario, ...]:
 
 
 LADDER = _ladder()
-COLUMNS = ("truncated_tokens", "masked_tokens", "masked_rows", "sum_w", "sum_w_sq", "weight_tokens")
-_T, _M, _R, _W, _W2, _N = range(len(COLUMNS))
+COLUMNS = ("truncated_tokens", "masked_tokens", "masked_rows", "sum_w", "sum_w_sq", "weight_tokens",
+           "sum_log_ratio")  # the last: Σ log-ratio over the tokens the setting keeps in the mask (its kl)
+_T, _M, _R, _W, _W2, _N, _S = range(len(COLUMNS))
 CANDIDATE_MARGIN = 1e-3  # candidates start 0.1 % inside the smallest bound, far beyond float rounding
 
 
@@ -183,6 +184,7 @@ class WhatIfAccumulator(Accumulator):
 
         log_sum = chunk.log_ratio_row_sum.cpu().numpy()
         raw_row = np.exp(np.clip(log_sum, -SAFETY_BOUND, SAFETY_BOUND))
+        table[:, _S] = log_sum.sum()  # IS never changes the mask; RS and veto rows override it below
         for i in self.tis_seq:
             upper = float(self.scenarios[i].threshold)
             weight = np.minimum(raw_row, upper)
@@ -199,8 +201,8 @@ class WhatIfAccumulator(Accumulator):
             # Sums over the kept rows themselves: "total - dropped" would cancel when nearly all are dropped.
             kept = ~rejected
             masked = row_tokens[rejected].sum()
-            table[i, [_M, _R, _W, _W2, _N]] = (masked, rejected.sum(), row_r[kept].sum(), row_r_sq[kept].sum(),
-                                                tokens - masked)
+            table[i, [_M, _R, _W, _W2, _N, _S]] = (masked, rejected.sum(), row_r[kept].sum(), row_r_sq[kept].sum(),
+                                                    tokens - masked, log_sum[kept].sum())
 
         if self.index["rs"]:
             if bool((np.abs(log_ratio_c) > SAFETY_BOUND).any()):
@@ -253,6 +255,8 @@ class WhatIfAccumulator(Accumulator):
                 "is_weight_mean": mean if is_weight and tokens else None,
                 # verl's ESS, 1 / MM((w / (MM(w) + 1e-8))^2), of the weights the setting leaves.
                 "ess": (mean + 1e-8) ** 2 / mean_sq if mean_sq > 0 else None,
+                # verl's k1 `kl` (rollout − old, token mean) over the tokens the setting leaves in the mask.
+                "kl": -row[_S] / (weight_tokens + 1e-8) if weight_tokens else None,
             })
         return Contribution(what_if=out)
 
