@@ -164,7 +164,7 @@ def build_report(
         inputs=inputs,
         config=config,
         metrics=result.overall.metrics,
-        summary=summarize(result.overall.metrics),
+        summary=summarize(result.overall.metrics, config, result.overall.what_if),
         steps=steps,
         groups=groups,
         rounds=result.overall.rounds,
