@@ -9,11 +9,13 @@ from datetime import datetime, timezone
 from typing import Any
 
 from mismatch_cli.correction import CorrectionConfig, ResolvedCorrection, resolve
+from mismatch_cli.drift import drift
 from mismatch_cli.errors import UsageError
 from mismatch_cli.health import summarize
 from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, iter_batches
 from mismatch_cli.io.parallel import BackgroundHashes
 from mismatch_cli.numbers import parse_integer
+from mismatch_cli.recommend import recommend
 from mismatch_cli.report import TOOL_NAME, InputSummary, Report
 from mismatch_cli.version import __version__
 
@@ -164,7 +166,7 @@ def build_report(
         inputs=inputs,
         config=config,
         metrics=result.overall.metrics,
-        summary=summarize(result.overall.metrics),
+        summary=summarize(result.overall.metrics, config, result.overall.what_if),
         steps=steps,
         groups=groups,
         rounds=result.overall.rounds,
@@ -176,6 +178,8 @@ def build_report(
         intervals=result.overall.intervals,
         data_quality=data_quality,
         warnings=warnings,
+        recommendation=recommend(result.overall.metrics, config, result.overall.what_if),
+        drift=drift(steps),
     )
 
 

@@ -50,6 +50,9 @@ class Report:
     intervals: dict[str, list[float]] = field(default_factory=dict)  # metric -> 95 % bootstrap [low, high]
     data_quality: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # The least invasive what-if setting whose after-health is in band, or why there is none (recommend.py).
+    recommendation: dict[str, Any] | None = None
+    drift: dict[str, dict[str, Any]] = field(default_factory=dict)  # metric -> trend over steps (drift.py)
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -183,9 +186,10 @@ _TOP_LEVEL: dict[str, str] = {  # field -> JSON type
     "tool": "object", "created_at": "string", "inputs": "array", "config": "object", "metrics": "object",
     "summary": "object", "steps": "array", "groups": "object", "rounds": "array", "rounds_from_end": "array",
     "quantiles": "object", "histograms": "object", "worst_sequences": "array", "what_if": "array",
-    "intervals": "object", "data_quality": "object", "warnings": "array",
+    "intervals": "object", "data_quality": "object", "warnings": "array", "recommendation": "object or null",
+    "drift": "object",
 }
-_EXPECTED = {"object": "an object", "array": "an array", "string": "a string"}
+_EXPECTED = {"object": "an object", "array": "an array", "string": "a string", "object or null": "an object or null"}
 _REQUIRED = ("tool", "created_at", "inputs", "config", "metrics")
 _INPUT_FIELDS = {"path": str, "format": str, "bytes": int, "sha256": (str, type(None)), "sequences": int,
                  "tokens": int}
@@ -223,7 +227,7 @@ def validate_report(data: Any, source: str = "report") -> None:
         if kind is None and key != "schema_version":
             raise InputError(f"{source}: $.{key} is not a field of a mismatch report",
                              hint="pass a report.json written by `mismatch analyze`")
-        if kind == "object":
+        if kind == "object" or (kind == "object or null" and value is not None):
             check.obj(value, f"$.{key}")
         elif kind == "array":
             check.array(value, f"$.{key}")
@@ -265,9 +269,44 @@ def validate_report(data: Any, source: str = "report") -> None:
     for key in ("worst_sequences", "what_if"):
         for i, row in enumerate(data.get(key, [])):
             check.obj(row, f"$.{key}[{i}]")
+    if data.get("recommendation") is not None:
+        _recommendation(check, data["recommendation"])
+    for key, entry in data.get("drift", {}).items():
+        _drift(check, entry, f"$.drift[{json.dumps(key)}]")
     for i, warning in enumerate(data.get("warnings", [])):
         if not isinstance(warning, str):
             check.fail(f"$.warnings[{i}]", "a string", warning)
+
+
+def _recommendation(check: _Check, value: dict[str, Any]) -> None:
+    """`scenario` and `flags` strings or null, `reason` a string, `cost` numbers, the health verdicts objects."""
+    for key in ("scenario", "flags", "preset"):
+        if value.get(key) is not None and not isinstance(value[key], str):
+            check.fail(f"$.recommendation.{key}", "a string or null", value[key])
+    if not isinstance(value.get("reason", _MISSING), str):
+        check.fail("$.recommendation.reason", "a string", value.get("reason", _MISSING))
+    for where in ("cost", "health_before", "health_after", "fields", "best_partial"):
+        if value.get(where) is not None:
+            check.obj(value[where], f"$.recommendation.{where}")
+    for key, number in (value.get("cost") or {}).items():
+        check.number(number, f"$.recommendation.cost.{key}", low=0)
+    check.array(value.get("alternatives", []), "$.recommendation.alternatives")
+
+
+def _drift(check: _Check, value: Any, path: str) -> None:
+    """One metric's drift: a finite slope, an interval [low, high], integer steps or null."""
+    entry = check.obj(value, path)
+    check.number(entry.get("slope", _MISSING), f"{path}.slope", nullable=False)
+    interval = check.numbers(entry.get("slope_interval", _MISSING), f"{path}.slope_interval", nullable=False)
+    if len(interval) != 2 or interval[0] > interval[1]:
+        check.fail(f"{path}.slope_interval", "[low, high] with low <= high", interval)
+    for key in ("first_out_of_band_step", "change_point_step"):
+        step = entry.get(key)
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            check.fail(f"{path}.{key}", "an integer step or null", step)
+    for i, step in enumerate(check.array(entry.get("bad_steps", _MISSING), f"{path}.bad_steps")):
+        if isinstance(step, bool) or not isinstance(step, int):
+            check.fail(f"{path}.bad_steps[{i}]", "an integer step", step)
 
 
 def strict_json(value: Any) -> Any:

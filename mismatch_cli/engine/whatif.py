@@ -4,7 +4,7 @@ Exact counts, cheaply. Every token-level rule of the ladder (TIS, IcePop, token 
 tokens with |delta| beyond the smallest of its bounds, so each chunk picks those few candidate
 tokens once (one comparison on the cached |delta|) and decides every rule on them exactly as verl
 would, vectorized over the thresholds; everything else follows from chunk totals. Sequence-level
-rules work on per-row sums (S_i, sum of r, r^2, k3). The state is a fixed [scenarios x 6] table.
+rules work on per-row sums (S_i, sum of r, r^2, k3). The state is a fixed [scenarios x 7] table.
 
 Semantics (docs/verl-semantics.md §3, §4; docs/legacy-semantics.md §6.4): IS weights are never masks, so an IS row's
 ESS is verl's `rollout_is_eff_sample_size` of the applied weights over all valid tokens; IcePop's
@@ -65,8 +65,9 @@ def _ladder() -> tuple[Scenario, ...]:
 
 
 LADDER = _ladder()
-COLUMNS = ("truncated_tokens", "masked_tokens", "masked_rows", "sum_w", "sum_w_sq", "weight_tokens")
-_T, _M, _R, _W, _W2, _N = range(len(COLUMNS))
+COLUMNS = ("truncated_tokens", "masked_tokens", "masked_rows", "sum_w", "sum_w_sq", "weight_tokens",
+           "sum_log_ratio")  # the last: Σ log-ratio over the tokens the setting keeps in the mask (its kl)
+_T, _M, _R, _W, _W2, _N, _S = range(len(COLUMNS))
 CANDIDATE_MARGIN = 1e-3  # candidates start 0.1 % inside the smallest bound, far beyond float rounding
 
 
@@ -191,6 +192,10 @@ class WhatIfAccumulator(Accumulator):
 
         log_sum = chunk.log_ratio_row_sum
         raw_row = torch.exp(log_sum.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+        # IS never changes the mask (IcePop zeroes weights, it does not mask): those rows keep every token's kl.
+        keeps_all = [*self.index["none"], *self.tis_token, *self.icepop_token, *self.tis_seq, *self.icepop_seq]
+        if keeps_all:
+            put(keeps_all, [_S], log_sum.sum())
         for i in self.tis_seq:
             upper = float(self.scenarios[i].threshold)
             weight = raw_row.clamp(max=upper)
@@ -206,8 +211,8 @@ class WhatIfAccumulator(Accumulator):
         def drop_rows(i: int, rejected: torch.Tensor) -> None:
             # Sums over the kept rows themselves: "total - dropped" would cancel when nearly all are dropped.
             masked = torch.where(rejected, row_tokens, 0.0).sum()
-            put(i, [_M, _R, _W, _W2, _N], masked, rejected.sum(), torch.where(rejected, 0.0, row_r).sum(),
-                torch.where(rejected, 0.0, row_r_sq).sum(), tokens - masked)
+            put(i, [_M, _R, _W, _W2, _N, _S], masked, rejected.sum(), torch.where(rejected, 0.0, row_r).sum(),
+                torch.where(rejected, 0.0, row_r_sq).sum(), tokens - masked, torch.where(rejected, 0.0, log_sum).sum())
 
         if self.index["rs"]:
             # Nothing clamped: sum_t (r - 1 - l) = sum_t r - n - S_i, summed in float64 (no token pass).
@@ -273,6 +278,8 @@ class WhatIfAccumulator(Accumulator):
                 "is_weight_mean": mean if is_weight and tokens else None,
                 # verl's ESS, 1 / MM((w / (MM(w) + 1e-8))^2), of the weights the setting leaves.
                 "ess": (mean + 1e-8) ** 2 / mean_sq if mean_sq > 0 else None,
+                # verl's k1 `kl` (rollout − old, token mean) over the tokens the setting leaves in the mask.
+                "kl": -row[_S] / (weight_tokens + 1e-8) if weight_tokens else None,
             })
         return Contribution(what_if=out)
 

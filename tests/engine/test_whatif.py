@@ -45,14 +45,17 @@ def reference(old, rollout, mask, k1_bounds: str = "verl") -> dict[str, dict]:
     valid_rows = row_tokens > 0
     seq_raw = np.exp(np.clip(delta.sum(axis=1), -20.0, 20.0))
     out: dict[str, dict] = {}
+    kl_all = -delta.sum() / (tokens + 1e-8)  # verl's k1 kl: IS settings never change the mask
 
     def rows_dropped(name: str, rejected_rows: np.ndarray) -> None:
         kept = valid & ~rejected_rows[:, None]
         out[name] = {"masked_token_fraction": (valid & rejected_rows[:, None]).sum() / tokens,
                      "masked_seq_fraction": rejected_rows.sum() / valid_rows.sum(),
-                     "ess": ess(ratio[kept].sum(), (ratio[kept] ** 2).sum(), kept.sum())}
+                     "ess": ess(ratio[kept].sum(), (ratio[kept] ** 2).sum(), kept.sum()),
+                     "kl": -delta[kept].sum() / (kept.sum() + 1e-8) if kept.any() else None}  # nothing kept
 
-    out["no correction"] = {"ess": ess(ratio.sum(), (ratio**2).sum(), tokens), "masked_token_fraction": 0.0}
+    out["no correction"] = {"ess": ess(ratio.sum(), (ratio**2).sum(), tokens), "masked_token_fraction": 0.0,
+                            "kl": kl_all}
     for scenario in LADDER:
         name, threshold = scenario.name, scenario.threshold
         if scenario.family == "tis" and scenario.level == "token":
@@ -96,6 +99,9 @@ def reference(old, rollout, mask, k1_bounds: str = "verl") -> dict[str, dict]:
         elif scenario.family == "veto":
             bound = float(np.log(np.float32(float(threshold))))  # verl 0.6/0.7: log(veto) as a float32 scalar
             rows_dropped(name, (valid & (delta < bound)).any(axis=1))
+    for scenario in LADDER:
+        if scenario.family in ("tis", "icepop"):
+            out[scenario.name]["kl"] = kl_all
     return out
 
 
