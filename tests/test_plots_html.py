@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from mismatch_cli.cli import app
+from mismatch_cli.render.cells import format_value
 from mismatch_cli.render.plots import render_plots
-from mismatch_cli.render.sections import format_value
 from mismatch_cli.report import Report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,7 +109,7 @@ def test_html_holds_the_key_numbers(multi: tuple[Path, Report, str]) -> None:
     worst = next(w for w in report.worst_sequences if w["criterion"] == "max_abs_log_ratio" and w["rank"] == 1)
     assert f"multi_turn.parquet:{worst['row']}" in text
     assert "Rounds (round k" in text and "Quantiles of d" in text and "What if" in text
-    assert format_value(report.rounds[-1]["abs_diff_mean"], digits=4) in text
+    assert format_value(report.rounds[-1]["abs_diff_mean"]) in text
 
 
 def test_report_json_carries_what_the_plots_need(multi: tuple[Path, Report, str]) -> None:

@@ -7,13 +7,12 @@ import json
 import math
 from typing import Any
 
-from rich import box
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from mismatch_cli.comparison import MARKS, Comparison, MetricRow
-from mismatch_cli.render.sections import SHOWN_ROUNDS, format_value, shown_rounds
+from mismatch_cli.render.cells import format_percent, format_signed, format_value
+from mismatch_cli.render.sections import SHOWN_ROUNDS, shown_rounds
+from mismatch_cli.render.table import Grid, Kind, print_grid
 from mismatch_cli.report import Report, strict_json
 from mismatch_cli.thresholds import CheckResult
 
@@ -26,20 +25,15 @@ _STYLES = {"+": "red", "!": "bold red", "-": "green", "x": "yellow"}
 def _interval(interval: list[float] | None) -> str:
     if not interval:
         return "-"
-    return f"[{format_value(interval[0], 5)}, {format_value(interval[1], 5)}]"
+    return f"[{format_value(interval[0])}, {format_value(interval[1])}]"
 
 
 def _signed(value: float | None) -> str:
-    if value is None:
-        return "-"
-    text = format_value(value, 4)
-    return text if text.startswith("-") or value == 0 else "+" + text
+    return format_signed(value)
 
 
 def _percent(value: float | None) -> str:
-    if value is None or not math.isfinite(value):
-        return "-"
-    return f"{value * 100:+.3g}%"
+    return format_percent(value, signed=True)
 
 
 def metric_cells(row: MetricRow) -> list[str]:
@@ -47,9 +41,9 @@ def metric_cells(row: MetricRow) -> list[str]:
     return [
         row.mark,
         row.metric,
-        format_value(row.base, 6) if row.base is not None else "-",
+        format_value(row.base) if row.base is not None else "-",
         _interval(row.base_interval),
-        format_value(row.candidate, 6) if row.candidate is not None else "-",
+        format_value(row.candidate) if row.candidate is not None else "-",
         _interval(row.candidate_interval),
         _signed(row.change),
         _percent(row.relative),
@@ -68,9 +62,9 @@ def round_cells(comparison: Comparison) -> list[list[str]]:
         rows.append([
             r.mark, f"r{r.round}",
             format_value(b.get("tokens")) if r.base else "-", format_value(c.get("tokens")) if r.candidate else "-",
-            format_value(bv, 4) if r.base else "-", format_value(cv, 4) if r.candidate else "-",
+            format_value(bv) if r.base else "-", format_value(cv) if r.candidate else "-",
             _signed(change), _percent(rel),
-            format_value(b.get("kl"), 4) if r.base else "-", format_value(c.get("kl"), 4) if r.candidate else "-",
+            format_value(b.get("kl")) if r.base else "-", format_value(c.get("kl")) if r.candidate else "-",
         ])
     more = len(comparison.rounds) - SHOWN_ROUNDS
     if more > 0:
@@ -84,15 +78,11 @@ def legend(comparison: Comparison) -> str:
     return "marks: " + "; ".join(f"{m} {MARKS[m]}" for m in used) if used else ""
 
 
-def _table(title: str, columns: list[str], rows: list[list[str]]) -> Table:
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, title_style="bold",
-                  pad_edge=False, collapse_padding=True)
-    for i, column in enumerate(columns):
-        table.add_column(column, justify="left" if i <= 1 or column == "better" else "right", no_wrap=i <= 1,
-                         overflow="fold")
-    for cells in rows:
-        table.add_row(*[escape(c) for c in cells], style=_STYLES.get(cells[0]))
-    return table
+def _grid(title: str | None, columns: list[str], rows: list[list[str]], kinds: list[Kind],
+          repeat: int = 2) -> Grid:
+    """A table whose first column is the mark: numbers right-aligned, labels and prose left-aligned."""
+    justify = ["left" if i <= 1 or kind == "text" else "right" for i, kind in enumerate(kinds)]
+    return Grid(title, columns, rows, kinds, justify, [_STYLES.get(cells[0]) for cells in rows], repeat)
 
 
 TERMINAL_COLUMNS = ["", "metric", "base [95% CI]", "candidate [95% CI]", "change", "better"]
@@ -103,7 +93,7 @@ def terminal_cells(row: MetricRow) -> list[str]:
     def side(value: float | None, interval: list[float] | None) -> str:
         if value is None:
             return "-"
-        return format_value(value, 5) + ("\n" + _interval(interval) if interval else "")
+        return format_value(value) + ("\n" + _interval(interval) if interval else "")
 
     relative = _percent(row.relative)
     change = _signed(row.change) + ("" if relative == "-" else "\n" + relative)
@@ -115,16 +105,22 @@ def terminal_cells(row: MetricRow) -> list[str]:
 def render_compare_table(comparison: Comparison, console: Console) -> None:
     """Print the side-by-side table, the per-round table, notes and the legend (not the verdict)."""
     title = f"mismatch compare: base {comparison.base_label} vs candidate {comparison.candidate_label}"
-    console.print(_table(title, TERMINAL_COLUMNS, [terminal_cells(r) for r in comparison.rows]))
+    kinds: list[Kind] = ["fixed", "fixed", "wrap", "wrap", "fixed", "wrap"]
+    print_grid(_grid(title, TERMINAL_COLUMNS, [terminal_cells(r) for r in comparison.rows], kinds), console)
     console.print("rollout_corr/ keys are shown without their prefix. " + legend(comparison), highlight=False,
                   markup=False)
     if comparison.rounds:
         console.print()
-        console.print(_table("Per round (round k = k-th run of 1s in the mask)", ROUND_COLUMNS,
-                             round_cells(comparison)))
+        # change and rel. share a cell (two lines), as in the metric table, so the table fits 80 columns.
+        rows = [[*r[:6], r[6] if not r[7] or r[7] == "-" else f"{r[6]}\n{r[7]}", *r[8:]]
+                for r in round_cells(comparison)]
+        columns = [*ROUND_COLUMNS[:7], *ROUND_COLUMNS[8:]]
+        print_grid(_grid("Per round (round k = k-th run of 1s in the mask)", columns, rows, ["fixed"] * len(columns)),
+                   console)
     if comparison.check is not None:
         console.print()
-        console.print(_table("Limits", ["", "rule", "value", "baseline", "status"], check_cells(comparison)))
+        print_grid(_grid("Limits", ["", "rule", "value", "baseline", "status"], check_cells(comparison),
+                         ["fixed", "wrap", "fixed", "fixed", "fixed"]), console)
     for note in comparison.notes:
         console.print(f"note: {note}", highlight=False, markup=False)
 
@@ -142,7 +138,7 @@ _STATUS_MARK = {"fail": "!", "error": "x", "warn": "x", "skip": "", "pass": ""}
 def outcome_cells(result: CheckResult) -> list[list[str]]:
     """One row per rule: mark, rule, value, baseline, limit, status, detail."""
     def number(value: float | None) -> str:
-        return "-" if value is None else format_value(value, 6)
+        return "-" if value is None else format_value(value)
 
     return [[_STATUS_MARK[o.status], o.rule.text, number(o.value), number(o.baseline), number(o.bound),
              o.status, o.message] for o in result.outcomes]
@@ -150,14 +146,8 @@ def outcome_cells(result: CheckResult) -> list[list[str]]:
 
 def render_check_table(result: CheckResult, console: Console, title: str) -> None:
     """Print one row per rule, then why any rule was not evaluated (the verdict is the caller's, on stderr)."""
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, title_style="bold",
-                  pad_edge=False, collapse_padding=True)
-    for column in CHECK_COLUMNS[:-1]:
-        table.add_column(column, justify="right" if column in ("value", "baseline", "limit") else "left",
-                         overflow="fold", no_wrap=column in ("", "rule", "status"))
-    for cells in outcome_cells(result):
-        table.add_row(*[escape(c) for c in cells[:-1]], style=_STYLES.get(cells[0]))
-    console.print(table)
+    rows = [cells[:-1] for cells in outcome_cells(result)]
+    print_grid(_grid(title, CHECK_COLUMNS[:-1], rows, ["fixed", "wrap", "fixed", "fixed", "fixed", "fixed"]), console)
     for outcome in result.outcomes:
         if outcome.status in ("error", "warn", "skip"):
             console.print(f"{outcome.status}: {outcome.rule.text}: {outcome.message}", highlight=False, markup=False)

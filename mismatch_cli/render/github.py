@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mismatch_cli.render.sections import format_value
+from mismatch_cli.render.cells import format_value
 from mismatch_cli.thresholds import CheckResult
 
 MAX_ANNOTATIONS = 10
@@ -37,8 +37,8 @@ def step_summary(result: CheckResult, input_label: str, baseline_label: str | No
                                                                     if baseline_label else ""), ""]
     lines += ["| status | rule | value | baseline | detail |", "|---|---|---|---|---|"]
     for o in result.outcomes:
-        cells = [icon[o.status], f"`{o.rule.text}`", format_value(o.value, 6) if o.value is not None else "-",
-                 format_value(o.baseline, 6) if o.baseline is not None else "-", o.message]
+        cells = [icon[o.status], f"`{o.rule.text}`", format_value(o.value) if o.value is not None else "-",
+                 format_value(o.baseline) if o.baseline is not None else "-", o.message]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     lines += ["", f"**{result.verdict()}**", ""]
     return "\n".join(lines)

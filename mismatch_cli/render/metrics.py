@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rich import box
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from rich.padding import Padding
+from rich.text import Text
 
 from mismatch_cli.metrics import FAMILIES, PLACEHOLDER_HELP, Metric
 from mismatch_cli.report import SCHEMA_VERSION
@@ -94,16 +93,15 @@ def render_metrics_markdown(metrics: list[Metric]) -> str:
 
 
 def render_metrics_table(metrics: list[Metric], console: Console) -> None:
-    """One terminal table per family: key, meaning, reduction, better, band (source)."""
+    """Per family, one entry per key: the key on its own line (never split), then its description wrapped below."""
     for family in FAMILIES:
         chosen = [m for m in metrics if m.family is family]
         if not chosen:
             continue
-        table = Table(title=f"{family.name}: reported {family.produced}", title_justify="left", box=box.SIMPLE_HEAD,
-                      show_edge=False, title_style="bold", pad_edge=False, collapse_padding=True)
-        for column in ("key", "meaning", "reduction", "better", "band (source)"):
-            table.add_column(column, overflow="fold")
+        console.print(Text(f"{family.name}: reported {family.produced}", style="bold"))
+        console.print()
         for m in chosen:
-            table.add_row(*[escape(c) for c in (m.key, m.meaning, m.reduction, m.direction.value, band_text(m))])
-        console.print(table)
+            console.print(Text.assemble((m.key, "bold"), f"  (better: {m.direction.value})"))
+            description = f"{m.meaning}\n{m.reduction}; band: {band_text(m)}"
+            console.print(Padding(Text(description), (0, 0, 0, 2)))
         console.print()

@@ -6,13 +6,14 @@ Everything is drawn from the report alone (its histograms, quantiles, rounds and
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from mismatch_cli.render.plot_steps import steps_plot
+from mismatch_cli.render.plotting import COLORS, png_bytes, pyplot
 from mismatch_cli.render.sections import SHOWN_ROUNDS, shown_rounds
 from mismatch_cli.report import Report
 
@@ -20,7 +21,6 @@ CATASTROPHIC = 1e4  # a token ratio outside [1e-4, 1e4]
 REFERENCE_TIS = 2.0  # drawn when no IS is configured: verl's default TIS bound
 DELTA_FLOOR = 1e-6  # |delta| below this is drawn as "about 0"
 DELTA = "Δ = log π_train − log π_rollout (nats)"
-COLORS = {"data": "#3465a4", "second": "#e07b00", "band": "#cc0000", "catastrophic": "#5c0000", "muted": "#888888"}
 # Caption per plot, in the order the HTML report shows them.
 CAPTIONS = {
     "delta_hist.png": "Histogram of the token log-ratio Δ (symmetric log x-axis, log counts), with the "
@@ -29,35 +29,19 @@ CAPTIONS = {
     "is_weights.png": "Distribution of the importance weights (or of the raw token ratios when no IS is configured).",
     "rounds.png": "Mean |Δ| per round of the multi-turn trajectories, from the start and from the end.",
     "position.png": "Mean |Δ| by token position within the response.",
-    "steps.png": "Per-step trends.",
+    "steps.png": "Per-step trends, one panel per metric (log or symmetric-log y-axis where a metric spans more "
+    "than two decades); dashed lines are the healthy bands, circled steps lie outside them.",
 }
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _figure(rows: int = 1, height: float = 4.2) -> tuple[Any, Any]:
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(rows, 1, figsize=(8.6, height), dpi=100, squeeze=False)
     for ax in axes[:, 0]:
         ax.grid(True, alpha=0.3, linewidth=0.6)
         ax.spines["top"].set_visible(False)
         ax.spines["right"].set_visible(False)
     return fig, axes[:, 0]
-
-
-def _png(fig: Any) -> bytes:
-    buffer = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buffer, format="png", metadata={"Software": None}, bbox_inches="tight", pad_inches=0.15)
-    _pyplot().close(fig)
-    return buffer.getvalue()
 
 
 def _is_band(report: Report) -> tuple[float | None, float]:
@@ -172,7 +156,7 @@ def delta_histogram(report: Report) -> bytes | None:
     ax.set_xlabel(f"{DELTA}; symmetric log scale, |Δ| < {floor:.2g} in the grey middle bin")
     ax.set_ylabel("tokens per bin (log scale)")
     _legend_below(ax)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def abs_delta_ccdf(report: Report) -> bytes | None:
@@ -206,7 +190,7 @@ def abs_delta_ccdf(report: Report) -> bytes | None:
     ax.set_xlabel("|Δ| = |log π_train − log π_rollout| (nats, log scale)")
     ax.set_ylabel("fraction of tokens with |Δ| > x (log scale)")
     _legend_below(ax)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def _share_above(report: Report, sequence: bool, upper: float) -> str | None:
@@ -260,7 +244,7 @@ def is_weights(report: Report) -> bytes | None:
         ax.text(0.99, 0.96, share, transform=ax.transAxes, ha="right", va="top", fontsize=9,
                 bbox={"facecolor": "white", "edgecolor": "#cccccc", "boxstyle": "round,pad=0.3"})
     _legend_below(ax)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def _round_panel(ax: Any, entries: list[dict[str, Any]], label: str, prefix: str) -> None:
@@ -307,7 +291,7 @@ def rounds_plot(report: Report) -> bytes | None:
         ax.set_title(title + more, fontsize=11)
     axes[-1].set_xlabel("round")
     fig.suptitle("Divergence per multi-turn round", fontsize=12)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def position_plot(report: Report) -> bytes | None:
@@ -333,39 +317,7 @@ def position_plot(report: Report) -> bytes | None:
     ax.set_ylabel("mean |Δ| (nats)")
     ax.set_xlim(0, starts[-1] + width)
     ax.legend(loc="upper left", fontsize=8, frameon=False)
-    return _png(fig)
-
-
-STEP_PANELS = (
-    ("|Δ| (nats)", (("diag/logprob_abs_diff_mean", "mean |Δ|"), ("diag/abs_log_ratio_p99", "p99 |Δ|"))),
-    ("KL estimate (nats)", (("rollout_corr/kl", "kl (k1)"), ("rollout_corr/k3_kl", "k3_kl"))),
-    ("effective sample size", (("rollout_corr/rollout_is_eff_sample_size", "IS ESS"), ("diag/ess_token", "raw ESS"))),
-)
-
-
-def steps_plot(report: Report) -> bytes | None:
-    """Per-step trends of |delta|, the KL estimates and the ESS."""
-    if len(report.steps) < 2:
-        return None
-    steps = [int(s["step"]) for s in report.steps]
-    fig, axes = _figure(len(STEP_PANELS), height=2.6 * len(STEP_PANELS))
-    for ax, (ylabel, series) in zip(axes, STEP_PANELS, strict=True):
-        for i, (key, label) in enumerate(series):
-            values = [s["metrics"].get(key) for s in report.steps]
-            if all(v is None for v in values):
-                continue
-            ax.plot(steps, [np.nan if v is None else v for v in values], marker="o", markersize=3,
-                    color=COLORS["data" if i == 0 else "second"], label=label)
-        ax.set_ylabel(ylabel)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(loc="best", fontsize=8, frameon=False)
-    from matplotlib.ticker import MaxNLocator
-
-    for ax in axes:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes[0].set_title("Per-step trends", fontsize=12)
-    axes[-1].set_xlabel("training step")
-    return _png(fig)
+    return png_bytes(fig)
 
 
 PLOTS: dict[str, Callable[[Report], bytes | None]] = {

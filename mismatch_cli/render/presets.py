@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 
 def _columns(fields: tuple[str, ...]) -> list[str]:
@@ -29,11 +28,7 @@ def render_presets_markdown(fields: tuple[str, ...], rows: list[dict[str, Any]])
 
 
 def render_presets_table(family: str, fields: tuple[str, ...], rows: list[dict[str, Any]], console: Console) -> None:
-    """The presets as a terminal table, one row per preset."""
-    columns = _columns(fields)
-    table = Table(title=f"{family} presets ({len(rows)}); use --preset NAME", title_justify="left")
-    for c in columns:
-        table.add_column(c.replace("rollout_", ""), overflow="fold")
-    for r in rows:
-        table.add_row(*["-" if r[c] is None else str(r[c]) for c in columns])
-    console.print(table)
+    """The presets as a terminal table, one row per preset (names and values never split across lines)."""
+    from mismatch_cli.render.table import render_presets_table as print_presets
+
+    print_presets(family, _columns(fields), rows, console)

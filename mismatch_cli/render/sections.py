@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from mismatch_cli.metrics import METRICS
 from mismatch_cli.metrics.catalog import OFFPOLICY
+from mismatch_cli.render.cells import format_percent, format_value
 from mismatch_cli.report import Report
 
 VERL = "rollout_corr/"
+TEXT_COLUMNS = {"meaning", "healthy range", "file"}  # free text; every other cell is a number or a name
 
 
 @dataclass
@@ -21,22 +22,11 @@ class Section:
     rows: list[list[str]]
     highlight: set[int] = field(default_factory=set)
     note: str | None = None
-    split_columns: bool = False  # terminal may split a wide table into column blocks
+    repeat: int = 1  # leading label columns repeated in each block when a narrow terminal splits the table
 
-
-def format_value(value: float | int | None, digits: int = 6) -> str:
-    """A number as people read it: null, integers plain, otherwise `digits` significant digits."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) < 1e15):
-        return f"{int(value):,}" if abs(value) >= 1e4 else str(int(value))
-    if not math.isfinite(value):
-        return str(value)
-    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e6):
-        return f"{value:.{max(digits - 2, 1)}e}"
-    return f"{value:.{digits}g}"
+    def text_columns(self) -> set[int]:
+        """Indices of the free-text columns (the only cells a terminal may wrap)."""
+        return {i for i, column in enumerate(self.columns) if i and column in TEXT_COLUMNS}
 
 
 def _metric_rows(report: Report, keys: list[str], strip: str) -> list[list[str]]:
@@ -147,7 +137,7 @@ def steps_section(report: Report) -> Section | None:
     for step in report.steps:
         row = [str(step["step"])]
         for _, key in present:
-            row.append(format_value(step["valid_tokens"] if key is None else step["metrics"].get(key), digits=4))
+            row.append(format_value(step["valid_tokens"] if key is None else step["metrics"].get(key)))
         rows.append(row)
     return Section("Per step", ["step", *[label for label, _ in present]], rows)
 
@@ -160,8 +150,8 @@ def group_sections(report: Report) -> list[Section]:
             continue
         present = [(label, key) for label, key in STEP_COLUMNS
                    if key is None or any(key in e["metrics"] for e in entries)]
-        rows = [[str(e["group"]), *[format_value(e["valid_tokens"] if key is None else e["metrics"].get(key),
-                                                 digits=4) for _, key in present]] for e in entries]
+        rows = [[str(e["group"]), *[format_value(e["valid_tokens"] if key is None else e["metrics"].get(key))
+                                    for _, key in present]] for e in entries]
         sections.append(Section(f"Per {column}", [column, *[label for label, _ in present]], rows))
     return sections
 
@@ -198,13 +188,13 @@ def _round_table(title: str, label: str, prefix: str, all_entries: list[dict]) -
     if worst is not None and worst >= len(entries):
         entries = [*entries, all_entries[worst]]
     present = [(h, k) for h, k in ROUND_METRICS if any(k in e for e in entries)]
-    rows = [[h, *[format_value(e.get(k), digits=4) for e in entries]] for h, k in present]
+    rows = [[h, *[format_value(e.get(k)) for e in entries]] for h, k in present]
     worst_entry = None if worst is None else all_entries[worst]
     columns = [label, *[f"{prefix}{e[label]}" + (" *" if e is worst_entry else "") for e in entries]]
     notes = [] if worst_entry is None else [f"* worst round by mean |d| ({prefix}{worst_entry[label]})"]
     if len(all_entries) > SHOWN_ROUNDS:
         notes.append(f"{len(all_entries) - SHOWN_ROUNDS} more rounds in report.json (--format json)")
-    return Section(title, columns, rows, note="; ".join(notes) or None, split_columns=True)
+    return Section(title, columns, rows, note="; ".join(notes) or None)
 
 
 def rounds_section(report: Report) -> Section | None:
@@ -227,7 +217,7 @@ def rounds_by_step_section(report: Report) -> Section | None:
     for step in report.steps:
         rounds = shown_rounds(step["rounds"])
         means = [r["abs_diff_mean"] for r in rounds] + [None] * (count - len(rounds))
-        rows.append([str(step["step"]), *[format_value(v, digits=3) if v is not None else "" for v in means]])
+        rows.append([str(step["step"]), *[format_value(v) if v is not None else "" for v in means]])
     return Section("Mean |d| by step and round", ["step", *[f"r{k}" for k in range(count)]], rows)
 
 
@@ -266,17 +256,13 @@ def quantiles_section(report: Report) -> Section | None:
                    note=f"from a mergeable sketch: within {error * 100:.1f} % of the exact quantile")
 
 
-def _fraction(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.3g} %"
-
-
 def what_if_section(report: Report) -> Section | None:
     """Every common IS / RS / veto setting at a ladder of thresholds, computed on this dump."""
     if not report.what_if:
         return None
-    rows = [[w["name"], _fraction(w.get("truncated_token_fraction")), _fraction(w.get("masked_token_fraction")),
-             _fraction(w.get("masked_seq_fraction")), format_value(w.get("is_weight_mean"), digits=4)
-             if w.get("is_weight_mean") is not None else "-", format_value(w.get("ess"), digits=4)]
+    rows = [[w["name"], format_percent(w.get("truncated_token_fraction")),
+             format_percent(w.get("masked_token_fraction")), format_percent(w.get("masked_seq_fraction")),
+             "-" if w.get("is_weight_mean") is None else format_value(w["is_weight_mean"]), format_value(w.get("ess"))]
             for w in report.what_if]
     return Section("What if: every common correction on this dump",
                    ["setting", "truncated", "masked tok", "masked seq", "IS w mean", "ESS"], rows,
@@ -302,12 +288,12 @@ def worst_sequences_section(report: Report) -> Section | None:
                f"{entry['file'].replace(chr(92), '/').rsplit('/', 1)[-1]}:{entry['row']}"]
         row += [str(entry.get("id"))] if with_id else []
         row += [str(entry.get("step"))] if with_step else []
-        row += [format_value(entry["tokens"]), format_value(entry["log_ratio_mean"], digits=4),
-                format_value(entry["max_abs_log_ratio"], digits=4)]
+        row += [format_value(entry["tokens"]), format_value(entry["log_ratio_mean"]),
+                format_value(entry["max_abs_log_ratio"])]
         rows.append(row)
     columns = ["by", "sequence", *(["id"] if with_id else []), *(["step"] if with_step else []), "tokens",
                "mean d", "max abs(d)"]  # no '|' in headers: Markdown tables split on it
-    return Section("Worst sequences", columns, rows,
+    return Section("Worst sequences", columns, rows, repeat=2,
                    note="file name:row (0-based row within the file); all ranks and full paths in "
                         "worst_sequences in the JSON")
 
