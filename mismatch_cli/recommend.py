@@ -9,7 +9,9 @@ it changes, compared in this order:
    RS and the veto mask the row) removes it, so truncation comes before dropping;
 3. amount: the smaller share of valid tokens truncated or dropped, then the smaller share of rows
    with a dropped token;
-4. the wider threshold (a higher TIS cap, a wider band, a smaller veto ratio).
+4. among settings that touch exactly the same tokens and rows, one a preset names (verl's default TIS
+   cap of 2.0 is `decoupled_token_is`), then the wider threshold (a higher TIS cap, a wider band, a
+   smaller veto ratio).
 
 So, with the ladder of engine/whatif.py: token TIS at the highest cap that works, then token IcePop,
 then sequence TIS, then the sequence-level drops (IcePop, RS, veto) by the share of tokens they drop.
@@ -204,6 +206,7 @@ def recommend(metrics: Mapping[str, float | None], config: Mapping[str, Any],
         return {**base, "reason": f"the what-if ladder holds verl's rules, and none of them is a rule of "
                                   f"--semantics {family}, so no setting can be recommended in its terms"}
     options = [_option(row, family, config) for row in rows]
+    keys = {id(o): invasiveness(row)[:4] for o, row in zip(options, rows, strict=True)}
     working = [o for o in options if _passes(o["health_after"])]
     if not working:
         def shortfall(option: Mapping[str, Any]) -> tuple[int, float]:
@@ -215,7 +218,11 @@ def recommend(metrics: Mapping[str, float | None], config: Mapping[str, Any],
                 "reason": f"no setting of the what-if ladder ({len(options)} for --semantics {family}) brings "
                           f"every check into its band (before: {_failing(before)}); the closest, "
                           f"{best['scenario']}, still fails {_failing(best['health_after'])}"}
-    chosen = working[0]
+    # Settings that touch exactly the same tokens and rows differ only in their threshold: among those, one
+    # that a preset names (verl's defaults, e.g. TIS at 2.0) is the well-trodden choice.
+    tied = [o for o in working if keys[id(o)] == keys[id(working[0])]]
+    chosen = next((o for o in tied if o["preset"]), working[0])
+    working = [chosen, *(o for o in working if o is not chosen)]
     alternatives = working[1:4]
     with_preset = next((o for o in working[1:] if o["preset"]), None)
     if with_preset is not None and with_preset not in alternatives:

@@ -59,11 +59,14 @@ def test_sample_recommends_token_tis_whose_after_health_is_in_band(sample) -> No
     rec = sample.recommendation
     assert rec["health_before"]["status"] == "warning"
     # The rule, recomputed: token TIS is the least invasive kind; among the caps that work, the fewest truncated
-    # tokens, then the highest cap.
+    # tokens, then among caps that truncate the same tokens verl's preset cap (2.0), else the highest cap.
     caps = [float(s.threshold) for s in LADDER if (s.family, s.level) == ("tis", "token")]
     health = {u: _tis_health(delta, u) for u in caps}
     working = [u for u in caps if _in_band(health[u])]
-    best = min(working, key=lambda u: (health[u]["truncated"], -u))
+    fewest = min(health[u]["truncated"] for u in working)
+    tied = [u for u in working if health[u]["truncated"] == fewest]
+    best = 2.0 if 2.0 in tied else max(tied)
+    assert best == 2.0 and max(tied) > 2.0  # the sample's case: caps above 2.0 cost the same, the preset wins
     assert rec["scenario"] == f"TIS token {best}"
     assert rec["flags"] == f"--is token --is-threshold {best}"
     assert rec["fields"] == {"rollout_is": "token", "rollout_is_threshold": best}
@@ -75,9 +78,9 @@ def test_sample_recommends_token_tis_whose_after_health_is_in_band(sample) -> No
     assert rec["cost"]["truncated_token_fraction"] == pytest.approx(health[best]["truncated"] / delta.size)
     assert rec["cost"]["masked_token_fraction"] == 0 and rec["cost"]["masked_sequence_fraction"] == 0
     assert f"{health[best]['truncated']} tokens" in rec["reason"]
-    # verl's default cap, a preset, is offered among the alternatives that also work.
-    assert {"scenario": "TIS token 2.0", "preset": "decoupled_token_is"}.items() <= next(
-        a for a in rec["alternatives"] if a["scenario"] == "TIS token 2.0").items()
+    assert rec["preset"] == "decoupled_token_is"
+    # The wider caps that cost the same are offered as alternatives.
+    assert f"TIS token {max(tied)}" in {a["scenario"] for a in rec["alternatives"]}
 
 
 def test_running_the_recommendation_gives_its_predicted_health(sample) -> None:
@@ -87,7 +90,8 @@ def test_running_the_recommendation_gives_its_predicted_health(sample) -> None:
     assert report.summary["before"]["status"] == "warning"  # the raw ratios are unchanged
     got = {c["metric"]: c["value"] for c in report.summary["after"]["checks"]}
     for check in rec["health_after"]["checks"]:
-        assert got[check["metric"]] == pytest.approx(check["value"], rel=1e-6), check["metric"]
+        # The ladder predicts from float64 sums; the run computes its weights in float32 (rel. ~3e-6 on the std).
+        assert got[check["metric"]] == pytest.approx(check["value"], rel=1e-5), check["metric"]
     assert report.recommendation["scenario"] is None
     assert "already" in report.recommendation["reason"]
 
