@@ -50,6 +50,8 @@ def analyze(
                                                    "rounds_from_end, what_if, worst_sequences or metrics (default: "
                                                    "steps, else groups, else rounds).")] = None,
     output: OutputOpt = None,
+    full: Annotated[bool, typer.Option("--full", help="Print every table instead of the one-screen summary "
+                                       "(with --format table).")] = False,
     no_plots: Annotated[
         bool, typer.Option("--no-plots", help="With --out-dir: skip the PNG plots and report.html.")
     ] = False,
@@ -65,6 +67,7 @@ def analyze(
     from mismatch_cli.render.files import report_files
     from mismatch_cli.render.markdown import render_markdown
     from mismatch_cli.render.progress import reading_progress
+    from mismatch_cli.render.summary import render_summary
     from mismatch_cli.render.table import render_tables
 
     replicates = check_bootstrap(compute.bootstrap)
@@ -82,7 +85,8 @@ def analyze(
         rendered = Rendered.text_only(render_csv(report, table_name or default_csv_table(report)))
     else:
         rendered = Rendered(OutputFormat(output_format.value), report.to_json, lambda: render_markdown(report),
-                            lambda console: render_tables(report, console, warnings=not quiet))
+                            (lambda console: render_tables(report, console, warnings=not quiet)) if full
+                            else (lambda console: render_summary(report, console)))
     outputs.protect(entry.path for entry in report.inputs)  # files found in input folders
     written = []
     if out_dir is not None:
@@ -98,6 +102,6 @@ def analyze(
             plots = [name for name in files if name.endswith(".png")]
             written.append(f"wrote {out_dir / 'report.html'} and {len(plots)} plots ({', '.join(plots) or 'none'})")
     deliver(outputs, output, rendered)
-    if output_format is not ReportFormat.table or to_file(output):
+    if output_format is not ReportFormat.table or to_file(output) or not full:
         note(quiet, *(f"warning: {warning}" for warning in report.warnings))
     note(quiet, *written, *([f"wrote {output}"] if to_file(output) else []))

@@ -10,7 +10,7 @@ from mismatch_cli.render.cells import format_percent, format_value
 from mismatch_cli.report import Report
 
 VERL = "rollout_corr/"
-TEXT_COLUMNS = {"meaning", "healthy range", "file"}  # free text; every other cell is a number or a name
+TEXT_COLUMNS = {"meaning", "healthy range", "file", "out of band"}  # free text; every other cell is a number or a name
 
 
 @dataclass
@@ -133,13 +133,23 @@ def steps_section(report: Report) -> Section | None:
         return None
     present = [(label, key) for label, key in STEP_COLUMNS
                if key is None or any(key in step["metrics"] for step in report.steps)]
-    rows = []
-    for step in report.steps:
+    # Steps where a headline metric leaves its band (the drift analysis names them): flagged and highlighted.
+    out_of_band: dict[str, list[str]] = {}
+    for key, entry in (getattr(report, "drift", None) or {}).items():
+        for step in entry.get("bad_steps") or []:
+            out_of_band.setdefault(str(step), []).append(key.split("/")[-1])
+    rows, highlight = [], set()
+    for i, step in enumerate(report.steps):
         row = [str(step["step"])]
         for _, key in present:
             row.append(format_value(step["valid_tokens"] if key is None else step["metrics"].get(key)))
+        if out_of_band:
+            row.append(", ".join(out_of_band.get(str(step["step"]), [])) or "-")
+            if str(step["step"]) in out_of_band:
+                highlight.add(i)
         rows.append(row)
-    return Section("Per step", ["step", *[label for label, _ in present]], rows)
+    columns = ["step", *[label for label, _ in present], *(["out of band"] if out_of_band else [])]
+    return Section("Per step", columns, rows, highlight)
 
 
 def group_sections(report: Report) -> list[Section]:

@@ -1,4 +1,5 @@
-"""Golden output: whole terminal outputs of analyze, compare, check, presets and metrics at 80 and 120 columns.
+"""Golden output: whole terminal outputs of analyze (summary and --full), compare, check, presets and metrics at
+80 and 120 columns.
 
 After an intended change to what a command prints, regenerate the snapshots with
 
@@ -27,6 +28,9 @@ CASES = {
     "analyze_single_turn": ("analyze", "sample_data/single_turn.parquet", *FAST),
     "analyze_multi_turn": ("analyze", "sample_data/multi_turn.parquet", *FAST),
     "analyze_preset": ("analyze", "sample_data/single_turn.parquet", "--preset", "decoupled_geo_rs_token_tis", *FAST),
+    "analyze_multi_turn_full": ("analyze", "sample_data/multi_turn.parquet", "--full", *FAST),
+    "analyze_preset_full": ("analyze", "sample_data/single_turn.parquet", "--preset", "decoupled_geo_rs_token_tis",
+                            "--full", *FAST),
     "compare": ("compare", "sample_data/single_turn.parquet", "sample_data/multi_turn.parquet", *FAST),
     "check": ("check", "sample_data/multi_turn.parquet", "--fail-on", "abs(rollout_corr/kl)<=0.01",
               "--fail-on", "rollout_corr/chi2_token<=1", *FAST),
