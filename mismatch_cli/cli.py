@@ -444,9 +444,11 @@ def analyze(
                              k1_bounds, semantics, family_flags)
     outputs = _planned_outputs([*inputs, config], out_dir, output)
     read_options = ReadOptions(columns=_parse_columns(column), no_mask=no_mask, input_format=input_format.value)
+    from mismatch_cli.io.counts import measure_inputs
     from mismatch_cli.render.progress import reading_progress
 
-    with reading_progress(inputs, enabled=not quiet and sys.stderr.isatty()) as on_batch:
+    bar = not quiet and sys.stderr.isatty()
+    with reading_progress(measure_inputs(inputs, input_format.value) if bar else None) as on_batch:
         report = run_analysis(
             inputs,
             correction=correction,

@@ -128,3 +128,27 @@ def test_the_engine_never_compares_family_names() -> None:
     found = [f"{path.name}:{line}: {text!r}" for path in sorted((PACKAGE / "engine").glob("*.py"))
              for line, text in _strings(path) if text in FAMILIES]
     assert not found, f"the engine branches on family names: {found}"
+
+
+def _reaches(graph: dict[str, set[str]], start: str, forbidden: str) -> list[str]:
+    """The modules under `start` that import (directly) any module under `forbidden`."""
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() if m == start or m.startswith(start + ".")
+                  for t in targets if t == forbidden or t.startswith(forbidden + "."))
+
+
+def test_the_engine_reads_no_file() -> None:
+    found = _reaches(import_graph(), "mismatch_cli.engine", "mismatch_cli.io")
+    assert not found, f"the engine imports the readers: {found}"
+
+
+def test_renderers_parse_no_dump() -> None:
+    found = _reaches(import_graph(), "mismatch_cli.render", "mismatch_cli.io")
+    assert not found, f"a renderer imports the readers: {found}"
+
+
+def test_the_layer_check_sees_a_violation() -> None:
+    graph = {"mismatch_cli.engine.x": {"mismatch_cli.io.parquet"}, "mismatch_cli.engines": {"mismatch_cli.io"},
+             "mismatch_cli.render.y": {"mismatch_cli.iox"}}
+    assert _reaches(graph, "mismatch_cli.engine", "mismatch_cli.io") == [
+        "mismatch_cli.engine.x -> mismatch_cli.io.parquet"]
+    assert _reaches(graph, "mismatch_cli.render", "mismatch_cli.io") == []
