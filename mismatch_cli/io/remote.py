@@ -57,7 +57,9 @@ def filesystem(uri: str) -> tuple[Any, str]:
     where = f"{bucket}/{key}".rstrip("/") if key else bucket
     try:
         if scheme == "s3":
-            return _s3(bucket, endpoint(), os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")), where
+            region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+            # Keyed by the access key too: a notebook that switches credentials gets a fresh client.
+            return _s3(bucket, endpoint(), region, os.environ.get("AWS_ACCESS_KEY_ID")), where
         return _gcs(), where
     except OSError as exc:
         raise remote_error(exc, uri) from None
@@ -67,7 +69,7 @@ def filesystem(uri: str) -> tuple[Any, str]:
 
 
 @functools.lru_cache(maxsize=16)
-def _s3(bucket: str, url: str | None, region: str | None) -> Any:
+def _s3(bucket: str, url: str | None, region: str | None, access_key: str | None) -> Any:
     from pyarrow.fs import AwsStandardS3RetryStrategy, S3FileSystem, resolve_s3_region
 
     if region is None and url is None:
@@ -99,7 +101,8 @@ def store_error(exc: BaseException, uri: str) -> InputError | None:
     upper = text.upper()
     if "NO_SUCH_BUCKET" in upper or "NOSUCHBUCKET" in upper:
         return InputError(f"cannot read {uri}: no such bucket", hint="check the bucket name (and the endpoint)")
-    if any(word in upper for word in ("ACCESS_DENIED", "ACCESSDENIED", "INVALIDACCESSKEYID", "SIGNATUREDOESNOTMATCH",
+    if any(word in upper for word in ("ACCESS_DENIED", "ACCESSDENIED", "INVALIDACCESSKEYID", "INVALID_ACCESS_KEY_ID",
+                                      "SIGNATUREDOESNOTMATCH", "SIGNATURE_DOES_NOT_MATCH",
                                       "FORBIDDEN", "HTTP 403", "PERMISSION_DENIED")):
         return InputError(f"cannot read {uri}: access denied", hint=_CREDENTIALS_HINT)
     if any(word in upper for word in ("NETWORK_CONNECTION", "CURLCODE", "COULD NOT CONNECT", "TIMEOUT",
@@ -140,6 +143,8 @@ def expand_remote(arg: str, forced: str | None) -> list[tuple[str, str, int]]:
         if info.type == FileType.File and not key.endswith("/"):
             return _typed(base, [info], forced, arg, keep_unknown=True)
         listed = fs.get_file_info(FileSelector(where, recursive=True, allow_not_found=True))
+        if not listed and fs.get_file_info(bucket).type == FileType.NotFound:
+            raise InputError(f"cannot read {arg}: no such bucket", hint="check the bucket name (and the endpoint)")
     except OSError as exc:
         raise remote_error(exc, arg) from None
     found = [i for i in listed if i.type == FileType.File and not _hidden(i.path, where)]
