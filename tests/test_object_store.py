@@ -192,3 +192,14 @@ def test_access_denied_names_the_credentials(monkeypatch) -> None:
             monkeypatch.setenv(name, value)
         with pytest.raises(InputError, match="x.parquet: access denied"):
             analyze([f"s3://{BUCKET}/x.parquet"])  # one object: HeadObject, not a listing
+
+
+@pytest.mark.parametrize("target", ["s3://dumps/report.json", "gs://b/out", Path("s3://dumps/out")])
+def test_an_object_store_output_is_refused_not_written_as_a_local_folder(target, tmp_path, monkeypatch) -> None:
+    from mismatch_cli.output import Outputs
+
+    monkeypatch.chdir(tmp_path)
+    for check, flag in ((Outputs([]).check, "-o"), (Outputs([]).check_dir, "--out-dir")):
+        with pytest.raises(UsageError, match=f"cannot write {flag} .*outputs are local files"):
+            check(target, flag)
+    assert list(tmp_path.iterdir()) == []
