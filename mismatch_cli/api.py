@@ -14,6 +14,7 @@ from mismatch_cli.errors import UsageError
 from mismatch_cli.health import summarize
 from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, iter_batches
 from mismatch_cli.io.parallel import BackgroundHashes
+from mismatch_cli.io.remote import is_remote
 from mismatch_cli.numbers import parse_integer
 from mismatch_cli.recommend import recommend
 from mismatch_cli.report import TOOL_NAME, InputSummary, Report
@@ -79,12 +80,14 @@ def analyze(
                                                                                  *group_by])))
     bootstrap = check_bootstrap(bootstrap)
     files = discover_inputs(paths, read_options.input_format)
-    # Hash in the background: hashlib releases the GIL, so this overlaps with decoding.
-    hashes = BackgroundHashes([f.path for f in files]) if hash_inputs else None
+    # Hash in the background: hashlib releases the GIL, so this overlaps with decoding. Objects in an object
+    # store are not hashed (that would download each one a second time); their sha256 stays null.
+    local = [f.path for f in files if not is_remote(f.path)]
+    hashes = BackgroundHashes(local) if hash_inputs else None
     names = tuple(f.path for f in files)
     try:
         if engine == "ray":
-            from mismatch_cli.engine.distributed import run_on_ray
+            from mismatch_cli.distributed import run_on_ray
 
             result = run_on_ray(files, read_options, resolved, dtype=dtype, by_step=by_step, rounds=rounds,
                                 group_by=group_by, bootstrap=bootstrap, address=ray_address, source_names=names)

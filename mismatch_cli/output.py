@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -46,6 +47,17 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def _local(path: str | os.PathLike, flag: str) -> Path:
+    """The output as a local Path; a URL (`s3://…`) is refused rather than written as a folder named `s3:`."""
+    text = os.fspath(path)
+    # A Path has already folded `s3://b` into `s3:/b` (typer makes --out-dir one), hence the single slash.
+    if isinstance(text, str) and (re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text)
+                                  or re.match(r"^(s3|gs|gcs|https?|hdfs|az|abfss?):/", text, re.IGNORECASE)):
+        raise UsageError(f"cannot write {flag} {text}: outputs are local files (object stores are read, never "
+                         "written)", hint=f"give {flag} a local path, then copy the result with your storage client")
+    return Path(path)
 
 
 def _stat(path: Path, flag: str) -> os.stat_result | None:
@@ -90,8 +102,8 @@ class Outputs:
                 self._inputs[os.path.realpath(path)] = (info.st_dev, info.st_ino)
 
     def check(self, path: str | os.PathLike, flag: str) -> Path:
-        """Refuse now a file output that cannot be written: an input, a folder, a bad name or parent."""
-        target = Path(path)
+        """Refuse now a file output that cannot be written: an input, a folder, a URL, a bad name or parent."""
+        target = _local(path, flag)
         info = _stat(target, flag)
         if info is not None and stat.S_ISDIR(info.st_mode):
             raise UsageError(f"cannot write {_named(flag, target)}: it is a directory",
@@ -103,8 +115,8 @@ class Outputs:
         return target
 
     def check_dir(self, path: str | os.PathLike, flag: str) -> Path:
-        """Refuse now an output folder that cannot be made: an existing file, a bad name or parent."""
-        target = Path(path)
+        """Refuse now an output folder that cannot be made: an existing file, a URL, a bad name or parent."""
+        target = _local(path, flag)
         info = _stat(target, flag)
         if info is not None and not stat.S_ISDIR(info.st_mode):
             raise UsageError(f"cannot write {_named(flag, target)}: it exists and is not a directory",

@@ -160,3 +160,27 @@ def test_the_library_never_imports_the_cli() -> None:
 def test_command_line_modules_stay_small() -> None:
     sizes = {path.name: len(path.read_text().splitlines()) for path in (PACKAGE / "cli").glob("*.py")}
     assert sizes and max(sizes.values()) <= 300, sizes
+
+
+def _reaches(graph: dict[str, set[str]], start: str, forbidden: str) -> list[str]:
+    """The modules under `start` that import (directly) any module under `forbidden`."""
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() if m == start or m.startswith(start + ".")
+                  for t in targets if t == forbidden or t.startswith(forbidden + "."))
+
+
+def test_the_engine_reads_no_file() -> None:
+    found = _reaches(import_graph(), "mismatch_cli.engine", "mismatch_cli.io")
+    assert not found, f"the engine imports the readers: {found}"
+
+
+def test_renderers_parse_no_dump() -> None:
+    found = _reaches(import_graph(), "mismatch_cli.render", "mismatch_cli.io")
+    assert not found, f"a renderer imports the readers: {found}"
+
+
+def test_the_layer_check_sees_a_violation() -> None:
+    graph = {"mismatch_cli.engine.x": {"mismatch_cli.io.parquet"}, "mismatch_cli.engines": {"mismatch_cli.io"},
+             "mismatch_cli.render.y": {"mismatch_cli.iox"}}
+    assert _reaches(graph, "mismatch_cli.engine", "mismatch_cli.io") == [
+        "mismatch_cli.engine.x -> mismatch_cli.io.parquet"]
+    assert _reaches(graph, "mismatch_cli.render", "mismatch_cli.io") == []

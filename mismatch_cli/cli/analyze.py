@@ -64,6 +64,7 @@ def analyze(
     """Analyze rollout dumps: verl's rollout-correction metrics, health summary, report.json."""
     from mismatch_cli.api import analyze as run_analysis
     from mismatch_cli.api import check_bootstrap
+    from mismatch_cli.io.counts import measure_inputs
     from mismatch_cli.render.files import report_files
     from mismatch_cli.render.markdown import render_markdown
     from mismatch_cli.render.progress import reading_progress
@@ -75,7 +76,8 @@ def analyze(
     correction = correction_from_flags(config, correction_flags)
     outputs = planned_outputs([*inputs, config], out_dir, output)
     options = read_options(input_flags)
-    with reading_progress(inputs, enabled=not quiet and sys.stderr.isatty()) as on_batch:
+    bar = not quiet and sys.stderr.isatty()
+    with reading_progress(measure_inputs(inputs, input_flags.input_format.value) if bar else None) as on_batch:
         report = run_analysis(inputs, correction=correction, read_options=options, device=compute.device,
                               dtype=compute.dtype.value, group_by=parse_by(by), on_batch=on_batch,
                               engine=engine.value, ray_address=ray_address, bootstrap=replicates)

@@ -7,6 +7,7 @@ the slime reader imports torch inside its function, when a `.pt` dump is really 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from ..batch import Batch
 from ..errors import InputError
@@ -20,6 +21,9 @@ from .parquet import read_parquet
 from .prime_rl import read_prime_rl
 from .safetensors import read_safetensors
 from .slime import read_slime
+
+if TYPE_CHECKING:
+    from .parallel import WorkItem
 
 __all__ = [
     "FORMATS",
@@ -36,6 +40,7 @@ __all__ = [
     "read_prime_rl",
     "read_safetensors",
     "read_slime",
+    "read_work_item",
     "resolve_roles",
     "sha256_file",
 ]
@@ -75,3 +80,11 @@ def iter_batches(files: Sequence[InputFile], options: ReadOptions, workers: int 
 
 def _read_file(path: str, file_format: str, options: ReadOptions) -> Iterator[Batch]:
     return READERS[file_format](path, options)
+
+
+def read_work_item(item: WorkItem, options: ReadOptions) -> Iterator[Batch]:
+    """The Batches of one planned work item: a run of a parquet file's row groups, or a whole file."""
+    check_options(options)
+    if item.row_groups is not None:
+        return read_parquet(item.path, options, item.row_groups)
+    return _read_file(item.path, item.format, options)

@@ -25,6 +25,7 @@ from .detect import (
     slime_kind,
     sniff,
 )
+from .remote import expand_remote, is_remote
 
 FORMATS = {".parquet": "parquet", ".safetensors": "safetensors"}
 _HASH_BLOCK = 8 * 1024 * 1024
@@ -181,6 +182,7 @@ def discover_inputs(args: Sequence[str], input_format: str | None = None) -> lis
     """Expand files, directories (recursive, naturally sorted) and globs into inputs in argument order, once each.
 
     `input_format` forces a format (None or `auto`: detect it from the content, then the extension).
+    `s3://` and `gs://` URIs are listed through pyarrow.fs (see `io/remote.py`).
     """
     forced = check_format(input_format)
     if not args:
@@ -188,6 +190,12 @@ def discover_inputs(args: Sequence[str], input_format: str | None = None) -> lis
     inputs: list[InputFile] = []
     seen: set[str] = set()
     for arg in args:
+        if is_remote(arg):  # an object store: one object, a prefix or a glob, listed through pyarrow.fs
+            for uri, fmt, size in expand_remote(arg, forced):
+                if uri not in seen:
+                    seen.add(uri)
+                    inputs.append(InputFile(path=uri, format=fmt, bytes=size))
+            continue
         for path, fmt in _expand(arg, forced):
             real = os.path.realpath(path)
             if real in seen:

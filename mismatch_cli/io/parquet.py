@@ -23,6 +23,7 @@ from ._common import (
 )
 from .aliases import resolve_roles
 from .options import ReadOptions
+from .remote import is_remote, open_remote, store_error
 
 _READ_HINT = "check that the file is a complete parquet file (re-export it if it was truncated or half-written)"
 _CHECKSUM_HINT = ("the file changed after it was written (a bad copy, disk or transfer): copy it again from its "
@@ -32,6 +33,9 @@ _CHECKSUM_HINT = ("the file changed after it was written (a bad copy, disk or tr
 def _read_error(path: str, exc: BaseException, after: str = "") -> InputError:
     """The InputError for a pyarrow failure; a page whose CRC does not match says so (the data is corrupt)."""
     text = reason(exc)
+    known = store_error(exc, path) if is_remote(path) else None
+    if known is not None:
+        return known  # the network, the credentials or a vanished object, not the file's bytes
     if "checksum" in text.lower() or "crc" in text.lower():
         return InputError(f"cannot read {path}: a data page failed its CRC checksum, so its bytes are corrupt{after}",
                           hint=_CHECKSUM_HINT)
@@ -107,22 +111,47 @@ def _steps(arr: pa.Array, name: str, source: str, first_row: int) -> np.ndarray:
 
 def read_parquet(path: str, options: ReadOptions, row_groups: Sequence[int] | None = None) -> Iterator[Batch]:
     """Stream a wide parquet file (or some of its row groups) as Batches, reading only the needed columns."""
-    check_file(path)
+    source = _source(path)
     try:
         # Pages written with a CRC (ours are) are verified, so a flipped bit is refused, not read as data;
         # pages without one are read as before.
-        handle = pq.ParquetFile(path, pre_buffer=False, page_checksum_verification=True)
+        handle = pq.ParquetFile(source, pre_buffer=False, page_checksum_verification=True)
     except (pa.ArrowException, OSError) as exc:
+        _close(source)
         raise _read_error(path, exc) from exc
-    with handle:
-        yield from _read_open(handle, path, options, row_groups)
+    try:
+        with handle:
+            yield from _read_open(handle, path, options, row_groups)
+    finally:
+        _close(source)
+
+
+def _source(path: str) -> str | pa.NativeFile:
+    """What pyarrow opens: a checked local path, or a ranged-read file over an object-store URI."""
+    if is_remote(path):
+        return open_remote(path)
+    check_file(path)
+    return path
+
+
+def _close(source: str | pa.NativeFile) -> None:
+    if not isinstance(source, str):
+        source.close()
+
+
+def parquet_metadata(path: str) -> pq.FileMetaData:
+    """The footer of a local or object-store parquet file (an OSError or ArrowException when unreadable)."""
+    if is_remote(path):
+        with open_remote(path) as handle:
+            return pq.ParquetFile(handle, pre_buffer=False).metadata
+    return pq.ParquetFile(path, pre_buffer=False).metadata
 
 
 def row_group_count(path: str) -> int:
     """Number of row groups of a parquet file (0 when its footer cannot be read; the reader reports why)."""
     try:
-        return pq.ParquetFile(path, pre_buffer=False).metadata.num_row_groups
-    except (pa.ArrowException, OSError):
+        return parquet_metadata(path).num_row_groups
+    except (pa.ArrowException, OSError, InputError):
         return 0
 
 

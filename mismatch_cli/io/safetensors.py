@@ -6,6 +6,7 @@ import json
 import os
 import struct
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -26,12 +27,15 @@ from ._common import (
 )
 from .aliases import resolve_roles
 from .options import ReadOptions
+from .remote import is_remote, open_remote, store_error
 
 _READ_HINT = "check that the file is a complete safetensors file (re-save it if it was truncated)"
 _FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 _MASK_DTYPES = _FLOAT_DTYPES | {"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64"}
 _INT_DTYPES = {"U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64"}
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
+_NUMPY_DTYPES = {"F16": "<f2", "F32": "<f4", "F64": "<f8", "BOOL": "?", "U8": "u1", "I8": "i1", "U16": "<u2",
+                 "I16": "<i2", "U32": "<u4", "I32": "<i4", "U64": "<u8", "I64": "<i8"}
 # safetensors' own framework tag, not a user label.
 _FORMAT_TAGS = {"pt", "np", "tf", "flax", "mlx", "paddle"}
 
@@ -47,8 +51,7 @@ class _Tensor:
 def _read_header(path: str) -> tuple[dict[str, _Tensor], dict[str, str]]:
     """Parse the JSON header ourselves: safe_open hides byte offsets, which bf16 reads need."""
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
+        with _open_raw(path) as (f, size):
             prefix = f.read(8)
             if len(prefix) < 8:
                 raise ValueError("file is shorter than the 8-byte header length")
@@ -57,6 +60,8 @@ def _read_header(path: str) -> tuple[dict[str, _Tensor], dict[str, str]]:
                 raise ValueError(f"header length {length} does not fit in a {size}-byte file")
             header: dict[str, Any] = json.loads(f.read(length))
     except (OSError, ValueError) as exc:
+        if is_remote(path) and (known := store_error(exc, path)) is not None:
+            raise known from exc
         raise InputError(f"cannot read {path} as safetensors: {reason(exc)}", hint=_READ_HINT) from exc
     if not isinstance(header, dict):
         raise InputError(f"cannot read {path} as safetensors: header is not a JSON object", hint=_READ_HINT)
@@ -78,6 +83,18 @@ def _read_header(path: str) -> tuple[dict[str, _Tensor], dict[str, str]]:
             f"cannot read {path} as safetensors: malformed header entry ({reason(exc)})", hint=_READ_HINT
         ) from exc
     return tensors, {str(k): str(v) for k, v in metadata.items()}
+
+
+@contextmanager
+def _open_raw(path: str) -> Iterator[tuple[Any, int]]:
+    """The file (local, or ranged reads over an object-store URI) and its size in bytes."""
+    if is_remote(path):
+        with open_remote(path) as handle:
+            yield handle, handle.size()
+    else:
+        size = os.path.getsize(path)
+        with open(path, "rb") as handle:
+            yield handle, size
 
 
 class _Reader:
@@ -139,6 +156,43 @@ class _Reader:
         return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+class _RangeReader(_Reader):
+    """The same element ranges as `_Reader`, each one ranged read (an object store has no mmap for safe_open)."""
+
+    def __init__(self, path: str, raw: Any) -> None:
+        super().__init__(path, None, raw)
+
+    def rows(self, tensor: _Tensor, lo: int, hi: int) -> np.ndarray:
+        """Rows `lo:hi` of the leading axis, flattened."""
+        width = int(np.prod(tensor.shape[1:], dtype=np.int64))
+        return self._range(tensor, lo * width, (hi - lo) * width)
+
+    def tokens(self, tensor: _Tensor, lo: int, hi: int) -> np.ndarray:
+        """Positions `lo:hi` of a packed `[N]` or `[1, N]` tensor (contiguous either way)."""
+        return self._range(tensor, lo, hi - lo)
+
+    def whole(self, tensor: _Tensor) -> np.ndarray:
+        """A small tensor in full, flattened."""
+        return self._range(tensor, 0, int(np.prod(tensor.shape, dtype=np.int64)))
+
+    def _range(self, tensor: _Tensor, start: int, count: int) -> np.ndarray:
+        if tensor.dtype == "BF16":
+            return (self._bytes(tensor, start, count, 2, "<u2").astype(np.uint32) << 16).view(np.float32)
+        dtype = np.dtype(_NUMPY_DTYPES[tensor.dtype])
+        return self._bytes(tensor, start, count, dtype.itemsize, dtype).astype(dtype.newbyteorder("="))
+
+    def _bytes(self, tensor: _Tensor, start: int, count: int, itemsize: int, dtype: Any) -> np.ndarray:
+        try:
+            data = self.raw.read_at(count * itemsize, tensor.begin + start * itemsize)
+        except OSError as exc:
+            raise store_error(exc, self.path) or InputError(
+                f"cannot read tensor {tensor.name!r} of {self.path}: {reason(exc)}", hint=_READ_HINT) from exc
+        if len(data) != count * itemsize:
+            raise InputError(f"cannot read {self.path} as safetensors: tensor {tensor.name!r} is truncated",
+                             hint=_READ_HINT)
+        return np.frombuffer(data, dtype=dtype)
+
+
 def _shape(tensor: _Tensor) -> str:
     return "[" + ", ".join(str(d) for d in tensor.shape) + "]"
 
@@ -191,7 +245,8 @@ def _cu_seqlens_problem(cu: np.ndarray, total: int) -> str | None:
 
 def read_safetensors(path: str, options: ReadOptions) -> Iterator[Batch]:
     """Stream a padded or packed safetensors dump as Batches of at most `options.chunk_rows` rows."""
-    check_file(path)
+    if not is_remote(path):
+        check_file(path)
     tensors, metadata = _read_header(path)
     roles = resolve_roles(list(tensors), options, path, noun="tensor")
     names = {role: name for role, name in roles.items() if name is not None}
@@ -212,67 +267,77 @@ def read_safetensors(path: str, options: ReadOptions) -> Iterator[Batch]:
                 hint="every role must hold one value per token of the same responses",
             )
 
+    if is_remote(path):
+        with open_remote(path) as raw:
+            yield from _stream(_RangeReader(path, raw), tensors, metadata, names, role_tensors, options, path)
+        return
     try:
         handle_cm = safe_open(path, framework="numpy")
     except (SafetensorError, OSError, ValueError) as exc:
         raise InputError(f"cannot read {path} as safetensors: {reason(exc)}", hint=_READ_HINT) from exc
     with handle_cm as handle, open(path, "rb") as raw:
-        reader = _Reader(path, handle, raw)
-        shape = reference.shape
-        packed_1xn = len(shape) == 2 and shape[0] == 1 and ("cu_seqlens" in tensors or "num_tokens" in tensors)
-        if len(shape) == 1 or packed_1xn:
-            total = shape[-1]
-            cu = _packed_lengths(reader, tensors, total, path)
-            if cu is None:
-                raise InputError(
-                    f"expected 'num_tokens' or 'cu_seqlens' next to the packed 1-D tensor "
-                    f"{reference.name!r} {_shape(reference)} in {path}, found neither",
-                    hint="save the per-sequence lengths as num_tokens [B] or cu_seqlens [B+1], "
-                    "or save padded [B, T] tensors",
-                )
-            packed = True
-        elif len(shape) == 2:
-            cu = np.arange(shape[0] + 1, dtype=np.int64) * shape[1]
-            packed = False
-        else:
-            raise InputError(
-                f"expected a [B, T] or packed [N] tensor for old_log_probs, got {_shape(reference)} "
-                f"in {path} tensor {reference.name!r}",
-                hint="save padded [B, T] tensors, or packed [N] tensors with num_tokens / cu_seqlens",
-            )
-        num_rows = len(cu) - 1
-        steps_all = _steps(reader, tensors, metadata, options.step_column, num_rows, path)
-        groups_all = {
-            column: _group(reader, tensors, metadata, column, num_rows, path) for column in options.group_columns
-        }
-        labels = {
-            k: v for k, v in metadata.items() if k != options.step_column and not (k == "format" and v in _FORMAT_TAGS)
-        }
+        yield from _stream(_Reader(path, handle, raw), tensors, metadata, names, role_tensors, options, path)
 
-        for a in range(0, num_rows, options.chunk_rows):
-            b = min(a + options.chunk_rows, num_rows)
-            offsets = cu[a : b + 1] - cu[a]
-            if packed:
-                lo, hi = int(cu[a]), int(cu[b])
-                values = {role: reader.tokens(t, lo, hi) for role, t in role_tensors.items()}
-            else:
-                values = {role: reader.rows(t, a, b) for role, t in role_tensors.items()}
-            old, rollout = log_prob_pair(values, offsets, names, path, a, "tensor")
-            if "response_mask" in values:
-                mask = mask_to_bool(values["response_mask"], offsets, a, path, names["response_mask"], "tensor")
-            else:
-                mask = np.ones(len(old), dtype=np.bool_)
-            yield Batch(
-                old_log_probs=old,
-                rollout_log_probs=rollout,
-                response_mask=mask,
-                offsets=offsets,
-                source=path,
-                first_row=a,
-                steps=None if steps_all is None else steps_all[a:b],
-                labels=dict(labels),
-                groups={column: values[a:b] for column, values in groups_all.items()},
+
+def _stream(reader: _Reader, tensors: dict[str, _Tensor], metadata: dict[str, str], names: dict[str, str],
+            role_tensors: dict[str, _Tensor], options: ReadOptions, path: str) -> Iterator[Batch]:
+    """The Batches of an opened dump, `options.chunk_rows` rows at a time."""
+    reference = role_tensors["old_log_probs"]
+    shape = reference.shape
+    packed_1xn = len(shape) == 2 and shape[0] == 1 and ("cu_seqlens" in tensors or "num_tokens" in tensors)
+    if len(shape) == 1 or packed_1xn:
+        total = shape[-1]
+        cu = _packed_lengths(reader, tensors, total, path)
+        if cu is None:
+            raise InputError(
+                f"expected 'num_tokens' or 'cu_seqlens' next to the packed 1-D tensor "
+                f"{reference.name!r} {_shape(reference)} in {path}, found neither",
+                hint="save the per-sequence lengths as num_tokens [B] or cu_seqlens [B+1], "
+                "or save padded [B, T] tensors",
             )
+        packed = True
+    elif len(shape) == 2:
+        cu = np.arange(shape[0] + 1, dtype=np.int64) * shape[1]
+        packed = False
+    else:
+        raise InputError(
+            f"expected a [B, T] or packed [N] tensor for old_log_probs, got {_shape(reference)} "
+            f"in {path} tensor {reference.name!r}",
+            hint="save padded [B, T] tensors, or packed [N] tensors with num_tokens / cu_seqlens",
+        )
+    num_rows = len(cu) - 1
+    steps_all = _steps(reader, tensors, metadata, options.step_column, num_rows, path)
+    groups_all = {
+        column: _group(reader, tensors, metadata, column, num_rows, path) for column in options.group_columns
+    }
+    labels = {
+        k: v for k, v in metadata.items() if k != options.step_column and not (k == "format" and v in _FORMAT_TAGS)
+    }
+
+    for a in range(0, num_rows, options.chunk_rows):
+        b = min(a + options.chunk_rows, num_rows)
+        offsets = cu[a : b + 1] - cu[a]
+        if packed:
+            lo, hi = int(cu[a]), int(cu[b])
+            values = {role: reader.tokens(t, lo, hi) for role, t in role_tensors.items()}
+        else:
+            values = {role: reader.rows(t, a, b) for role, t in role_tensors.items()}
+        old, rollout = log_prob_pair(values, offsets, names, path, a, "tensor")
+        if "response_mask" in values:
+            mask = mask_to_bool(values["response_mask"], offsets, a, path, names["response_mask"], "tensor")
+        else:
+            mask = np.ones(len(old), dtype=np.bool_)
+        yield Batch(
+            old_log_probs=old,
+            rollout_log_probs=rollout,
+            response_mask=mask,
+            offsets=offsets,
+            source=path,
+            first_row=a,
+            steps=None if steps_all is None else steps_all[a:b],
+            labels=dict(labels),
+            groups={column: values[a:b] for column, values in groups_all.items()},
+        )
 
 
 def _per_row_integers(
