@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
-from mismatch_cli.compare import compare_reports
+from mismatch_cli.comparison import compare_reports
 from rich.console import Console
 from typer.testing import CliRunner
 
