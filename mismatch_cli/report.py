@@ -50,6 +50,8 @@ class Report:
     intervals: dict[str, list[float]] = field(default_factory=dict)  # metric -> 95 % bootstrap [low, high]
     data_quality: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # Causes and bug signatures, most severe first: {code, severity, title, evidence, detail} (mismatch_cli.findings).
+    findings: list[dict[str, Any]] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -183,8 +185,10 @@ _TOP_LEVEL: dict[str, str] = {  # field -> JSON type
     "tool": "object", "created_at": "string", "inputs": "array", "config": "object", "metrics": "object",
     "summary": "object", "steps": "array", "groups": "object", "rounds": "array", "rounds_from_end": "array",
     "quantiles": "object", "histograms": "object", "worst_sequences": "array", "what_if": "array",
-    "intervals": "object", "data_quality": "object", "warnings": "array",
+    "intervals": "object", "data_quality": "object", "warnings": "array", "findings": "array",
 }
+_FINDING_FIELDS = {"code": "a string", "severity": "error, warning or info", "title": "a string",
+                   "evidence": "an object", "detail": "a string"}
 _EXPECTED = {"object": "an object", "array": "an array", "string": "a string"}
 _REQUIRED = ("tool", "created_at", "inputs", "config", "metrics")
 _INPUT_FIELDS = {"path": str, "format": str, "bytes": int, "sha256": (str, type(None)), "sequences": int,
@@ -265,9 +269,25 @@ def validate_report(data: Any, source: str = "report") -> None:
     for key in ("worst_sequences", "what_if"):
         for i, row in enumerate(data.get(key, [])):
             check.obj(row, f"$.{key}[{i}]")
+    for i, finding in enumerate(data.get("findings", [])):
+        _check_finding(check, finding, f"$.findings[{i}]")
     for i, warning in enumerate(data.get("warnings", [])):
         if not isinstance(warning, str):
             check.fail(f"$.warnings[{i}]", "a string", warning)
+
+
+def _check_finding(check: _Check, finding: Any, path: str) -> None:
+    """A finding: the five fields, of their types (the evidence any JSON object)."""
+    check.obj(finding, path)
+    for name, expected in _FINDING_FIELDS.items():
+        value = finding.get(name, _MISSING)
+        ok = (isinstance(value, dict) if name == "evidence" else value in ("error", "warning", "info")
+              if name == "severity" else isinstance(value, str))
+        if not ok:
+            check.fail(f"{path}.{name}", expected, value)
+    extra = sorted(set(finding) - set(_FINDING_FIELDS))
+    if extra:
+        check.fail(f"{path}.{extra[0]}", "absent (not a field of a finding)", finding[extra[0]])
 
 
 def strict_json(value: Any) -> Any:
