@@ -76,7 +76,6 @@ class SignaturesAccumulator(Accumulator):
         self.buckets[1] += _bucket_sums(index, chunk.ratio_safe_sq)
         self.buckets[2] += _bucket_sums(index, chunk.k3)
         self.buckets[3] += _bucket_sums(index, -delta)  # k1 = rollout - old
-        s.add("ratio_sum", chunk.ratio_safe)
         s.add("bitwise_equal", old == rollout)
         self._fills(chunk)
         self._moments(old, rollout)
@@ -173,7 +172,7 @@ class SignaturesAccumulator(Accumulator):
                     **{name: float(sums[j, i]) for j, name in enumerate(names)}} for i in range(NUM_BUCKETS)]
         for bucket in buckets:
             bucket["tokens"] = int(bucket["tokens"])
-        keys = ("tokens", "ratio_sum", "bitwise_equal", "x", "y", "xx", "yy", "xy", "pairs", "shift_aligned",
+        keys = ("tokens", "bitwise_equal", "x", "y", "xx", "yy", "xy", "pairs", "shift_aligned",
                 "shift_forward", "shift_backward", *(f"{kind}_{side}" for kind in ("zero", "repeat", "fill")
                                                     for side in SIDES))
         out: dict[str, Any] = {key: s.get(key) for key in keys}

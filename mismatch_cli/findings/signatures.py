@@ -18,9 +18,12 @@ Thresholds and why (docs/report.md, "Findings", says the same in prose):
   temperature mismatch; clean dumps sit within 0.01.
 - k3_k1_ratio: per token k3 − k1 = ratio − 1, whose mean is 0 whenever the rollout side is the normalized
   distribution the tokens were sampled from (E_rollout[pi_train / pi_rollout] = 1). Fires when the ratio
-  k3 / k1 is outside [0.5, 2], |mean(ratio) − 1| >= 0.01 (1 % of probability mass missing or added, e.g. a
-  top-p-renormalized or constant-filled side; bf16 noise gives ~1e-4) and the mean is >= 5 standard errors
-  from 1 (a few catastrophic tokens cannot do that: k equal outliers give a z of about sqrt(k)).
+  k3 / k1 is outside [0.5, 2] and the mean ratio over the bulk (tokens with |d| < 1, where the ratio lies
+  in [1/e, e], so no handful of tokens can move it and its standard error is honest) is off 1 by >= 0.01
+  (1 % of probability mass missing or added, e.g. a top-p-renormalized or constant-filled side; bf16
+  noise gives ~1e-4) and by >= 5 standard errors. Catastrophic tokens (|d| >= 1) swing k3 / k1 on clean
+  dumps but are left to concentrated_divergence; truncating at |d| < 1 biases a correct pair's mean by
+  only the trainer's probability of such tokens.
 - collapsed_correlation: Pearson correlation of exp(old) and exp(rollout) below 0.9 (19 % of the
   variance unexplained; bf16 noise keeps it above 0.99).
 - identical_sides: every valid token bitwise equal; bitwise_equal (info): at least half of them.
@@ -40,6 +43,7 @@ SLOPE_TOLERANCE = 0.05
 K3_K1_BAND = (0.5, 2.0)
 RATIO_MEAN_TOLERANCE = 0.01
 MIN_Z = 5.0
+BULK_LOG_RATIO = 1.0  # the k3 / k1 test's mean ratio is taken over tokens with |d| below this
 MIN_PEARSON = 0.9
 BITWISE_INFO_FRACTION = 0.5
 
@@ -144,14 +148,18 @@ def temperature_mismatch(metrics: dict[str, Any], table: dict[str, Any]) -> list
         "processing.")]
 
 
-def ratio_moments(table: dict[str, Any]) -> tuple[float, float]:
-    """Mean of the clamped token ratio and its standard error, from the engine's sums."""
-    n = table["tokens"]
+def ratio_moments(table: dict[str, Any]) -> tuple[float, float, int]:
+    """Mean token ratio over the bulk (|d| < BULK_LOG_RATIO), its standard error and the bulk's token count.
+
+    Per token k3 - k1 = ratio - 1, so the bucket sums give the mean; chi2_terms (ratio^2) the variance.
+    """
+    bulk = [b for b in table["buckets"] if b["high"] <= BULK_LOG_RATIO]
+    n = sum(b["tokens"] for b in bulk)
     if n < 2:
-        return math.nan, math.nan
-    mean = table["ratio_sum"] / n
-    variance = max(table["chi2_terms"] / n - mean * mean, 0.0) * n / (n - 1)
-    return mean, math.sqrt(variance / n)
+        return math.nan, math.nan, n
+    mean = 1.0 + sum(b["k3_sum"] - b["k1_sum"] for b in bulk) / n
+    variance = max(sum(b["chi2_terms"] for b in bulk) / n - mean * mean, 0.0) * n / (n - 1)
+    return mean, math.sqrt(variance / n), n
 
 
 def k3_k1_ratio(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
@@ -159,7 +167,7 @@ def k3_k1_ratio(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]
     ratio = _get(metrics, "k3_k1_ratio")
     if ratio is None or K3_K1_BAND[0] <= ratio <= K3_K1_BAND[1]:
         return []
-    mean, error = ratio_moments(table)
+    mean, error, bulk = ratio_moments(table)
     if not abs(mean - 1) >= RATIO_MEAN_TOLERANCE:
         return []
     z = abs(mean - 1) / error if error > 0 else math.inf
@@ -170,9 +178,11 @@ def k3_k1_ratio(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]
     k1 = sum(b["k1_sum"] for b in table["buckets"]) / n
     return [Finding(
         "k3_k1_ratio", "warning", f"k3 is {ratio:.3g} times k1",
-        {"k3_k1_ratio": ratio, "k3": k3, "k1": k1, "ratio_mean": mean, "ratio_mean_standard_error": error, "z": z},
-        f"k3 = {k3:.3g} against k1 = {k1:.3g}: the mean token ratio is {mean:.4g}, {z:.3g} standard errors from "
-        "the 1 it must be when the rollout side is the distribution its tokens were sampled from.")]
+        {"k3_k1_ratio": ratio, "k3": k3, "k1": k1, "ratio_mean": mean, "ratio_mean_standard_error": error, "z": z,
+         "bulk_tokens": bulk},
+        f"k3 = {k3:.3g} against k1 = {k1:.3g}: over the {bulk} tokens with |Δ| < {BULK_LOG_RATIO:g} the mean token "
+        f"ratio is {mean:.4g}, {z:.3g} standard errors from the 1 it must be when the rollout side is the "
+        "distribution its tokens were sampled from.")]
 
 
 def collapsed_correlation(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
