@@ -77,15 +77,15 @@ class SignaturesAccumulator(Accumulator):
         self.buckets[2] += _bucket_sums(index, chunk.k3)
         self.buckets[3] += _bucket_sums(index, -delta)  # k1 = rollout - old
         s.add("bitwise_equal", old == rollout)
-        self._fills(chunk)
+        continues = ~_row_starts(chunk)[1:-1]  # [N - 1]: token t + 1 continues token t's row
+        self._fills(chunk, continues)
         self._moments(old, rollout)
-        self._shift(chunk)
+        self._shift(chunk, continues)
         self._candidate(chunk, magnitude)
 
-    def _fills(self, chunk: Chunk) -> None:
+    def _fills(self, chunk: Chunk, continues: torch.Tensor) -> None:
         old, rollout, s = chunk.old, chunk.rollout, self.state
         far = chunk.abs_log_ratio > FILL_LOG_RATIO
-        continues = ~_row_starts(chunk)[1:-1]  # [N - 1]: token t + 1 continues token t's row
         repeats = []
         for side in (old, rollout):
             repeat = torch.zeros_like(far)
@@ -107,10 +107,9 @@ class SignaturesAccumulator(Accumulator):
         s.add("yy", rollout * rollout)
         s.add("xy", old * rollout)
 
-    def _shift(self, chunk: Chunk) -> None:
+    def _shift(self, chunk: Chunk, continues: torch.Tensor) -> None:
         """Squared residuals of pairs (t, t+1) inside a row: aligned, rollout one token late, one token early."""
         old, rollout, s = chunk.old, chunk.rollout, self.state
-        continues = ~_row_starts(chunk)[1:-1]
         s.add("pairs", continues)
         for name, residual in (("aligned", chunk.log_ratio[:-1]), ("forward", old[:-1] - rollout[1:]),
                                ("backward", old[1:] - rollout[:-1])):
