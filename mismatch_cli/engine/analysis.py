@@ -80,7 +80,7 @@ class BatchAccumulator:
         # The what-if ladder and the worst sequences (the overall batch needs them; per-step ones may not).
         self.what_if = WhatIfAccumulator(correction.k1_bounds, device) if extras else None
         self.worst = WorstSequences() if extras else None
-        self.signatures = SignaturesAccumulator(device) if extras else None  # the findings' evidence
+        self.signatures = SignaturesAccumulator(device)  # the findings' evidence (and per-step diag/ keys)
         self.bootstrap = (
             BootstrapAccumulator(bootstrap, device, correction.is_level if self.importance else None,
                                  self.rejection is not None)

@@ -1,12 +1,13 @@
 """What the bug signatures and the causes of a failing check need, folded per chunk in fixed-size float64 state.
 
-Per |delta| bucket (fixed log-spaced edges): tokens, the chi2_token terms (formulas.chi2_token_terms), k3 and
-k1 sums, so "N tokens with |delta| >= d carry y % of chi2_token" is exact. Per side: exact-constant fills
-(a side exactly 0.0, or repeating the previous valid token's value of its row, while the other side moves,
-on a token whose |delta| exceeds ln 2). The bitwise-equal count; the moments of x = old, y = rollout for the
-least-squares slope of rollout on old (the temperature signature); the residuals of the aligned and the
-one-token-shifted streams within rows (the off-by-one signature); and the single worst token with its
-file, row, position and round.
+Per |delta| octave (bucket e holds 2^(e-127) <= |delta| < 2^(e-126), the float32 exponent; bucket 0 also
+holds 0): tokens, the chi2_token terms (formulas.chi2_token_terms) and the clamped ratio, so "N tokens with
+|delta| >= d carry y % of chi2_token" is exact for every power of two d (per token k3 - k1 = ratio - 1);
+the k3 and k1 totals. Per side: exact-constant fills (a side exactly 0.0, or repeating the previous valid
+token's value of its row, while the other side moves, on a token whose |delta| exceeds ln 2). The
+bitwise-equal count; the moments of x = old, y = rollout for the least-squares slope of rollout on old
+(the temperature signature); the residuals of the aligned and the one-token-shifted streams within rows
+(the off-by-one signature); and the single worst token with its file, row, position and round.
 
 Every per-token sum accumulates in float64 device tensors (no host round trip per chunk); the worst token's
 candidates are resolved on the host once every PENDING chunks and in `compute`.
@@ -24,9 +25,10 @@ from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution, finite_or_none
 from mismatch_cli.engine.state import F64, Reducer
 
-# Bucket i holds EDGES[i] <= |delta| < EDGES[i + 1]; |delta| is compared with the edges in the compute dtype.
-EDGES = (0.0, 1e-3, 1e-2, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, math.inf)
-NUM_BUCKETS = len(EDGES) - 1
+# Octave buckets of |delta|: the float32 exponent field (a float64 one is mapped onto it, clamped), read from
+# the bits, which is several times cheaper than comparing with edges.
+NUM_BUCKETS = 256
+EXPONENT_BIAS = 127
 # A fill token: the filled side's value is off the other side's by more than a factor 2 of probability.
 # bf16 rounding turns a log-prob of about -0.06 or above into exactly 0.0, never one below -ln 2.
 FILL_LOG_RATIO = math.log(2.0)
@@ -40,6 +42,24 @@ def _bucket_sums(index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         sums = np.bincount(index.numpy(), weights=values.numpy(), minlength=NUM_BUCKETS)
         return torch.from_numpy(sums.astype(np.float64, copy=False))
     return torch.bincount(index, weights=values.to(F64), minlength=NUM_BUCKETS)
+
+
+def bucket_low(index: int) -> float:
+    """The lowest |delta| of octave bucket `index` (0.0 for bucket 0, which also holds zeros and subnormals)."""
+    return 0.0 if index == 0 else math.ldexp(1.0, index - EXPONENT_BIAS)
+
+
+def bucket_high(index: int) -> float:
+    """The bound |delta| stays below in octave bucket `index`."""
+    return math.inf if index == NUM_BUCKETS - 1 else math.ldexp(1.0, index + 1 - EXPONENT_BIAS)
+
+
+def octaves(magnitude: torch.Tensor) -> torch.Tensor:
+    """Octave bucket per non-negative value: its float32 exponent field (float64: the same octave, clamped)."""
+    if magnitude.dtype == torch.float32:
+        return torch.bitwise_right_shift(magnitude.view(torch.int32), 23).long()
+    exponent = torch.bitwise_right_shift(magnitude.view(torch.int64), 52) - (1023 - EXPONENT_BIAS)
+    return exponent.clamp_(0, NUM_BUCKETS - 1)
 
 
 def _row_starts(chunk: Chunk) -> torch.Tensor:
@@ -58,7 +78,7 @@ class SignaturesAccumulator(Accumulator):
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.state = Reducer(device)
-        self.buckets = torch.zeros((4, NUM_BUCKETS), dtype=F64, device=device)  # tokens, chi2, k3, k1 sums
+        self.buckets = torch.zeros((3, NUM_BUCKETS), dtype=F64, device=device)  # tokens, sum ratio^2, sum ratio
         self.pending: list[tuple[torch.Tensor, dict[str, Any]]] = []
         self.worst: dict[str, Any] | None = None
 
@@ -70,12 +90,12 @@ class SignaturesAccumulator(Accumulator):
         if n == 0:
             return
         old, rollout, delta, magnitude = chunk.old, chunk.rollout, chunk.log_ratio, chunk.abs_log_ratio
-        edges = torch.tensor(EDGES[1:-1], dtype=magnitude.dtype, device=magnitude.device)
-        index = torch.bucketize(magnitude, edges, right=True)
+        index = octaves(magnitude)
         self.buckets[0] += torch.bincount(index, minlength=NUM_BUCKETS).to(F64)
         self.buckets[1] += _bucket_sums(index, chunk.ratio_safe_sq)
-        self.buckets[2] += _bucket_sums(index, chunk.k3)
-        self.buckets[3] += _bucket_sums(index, -delta)  # k1 = rollout - old
+        self.buckets[2] += _bucket_sums(index, chunk.ratio_safe)
+        s.add("k3", chunk.k3)
+        s.add("k1", -delta)  # k1 = rollout - old
         s.add("bitwise_equal", old == rollout)
         continues = ~_row_starts(chunk)[1:-1]  # [N - 1]: token t + 1 continues token t's row
         self._fills(chunk, continues)
@@ -166,12 +186,11 @@ class SignaturesAccumulator(Accumulator):
         """Every sum as Python numbers: buckets, fills, moments, shift residuals, the worst token."""
         s = self.state
         sums = self.buckets.cpu().numpy()
-        names = ("tokens", "chi2_terms", "k3_sum", "k1_sum")
-        buckets = [{"low": EDGES[i], "high": EDGES[i + 1],
-                    **{name: float(sums[j, i]) for j, name in enumerate(names)}} for i in range(NUM_BUCKETS)]
-        for bucket in buckets:
-            bucket["tokens"] = int(bucket["tokens"])
-        keys = ("tokens", "bitwise_equal", "x", "y", "xx", "yy", "xy", "pairs", "shift_aligned",
+        # Only the occupied octaves, in ascending |delta|.
+        buckets = [{"low": bucket_low(i), "high": bucket_high(i), "tokens": int(sums[0, i]),
+                    "chi2_terms": float(sums[1, i]), "ratio_sum": float(sums[2, i])}
+                   for i in np.flatnonzero(sums[0]).tolist()]
+        keys = ("tokens", "k3", "k1", "bitwise_equal", "x", "y", "xx", "yy", "xy", "pairs", "shift_aligned",
                 "shift_forward", "shift_backward", *(f"{kind}_{side}" for kind in ("zero", "repeat", "fill")
                                                     for side in SIDES))
         out: dict[str, Any] = {key: s.get(key) for key in keys}
@@ -190,8 +209,7 @@ def values(table: dict[str, Any]) -> dict[str, float]:
     sxx = table["xx"] - x * x / n
     sxy = table["xy"] - x * y / n
     slope = sxy / sxx if sxx > 0 else math.nan
-    k1 = sum(b["k1_sum"] for b in table["buckets"])
-    k3 = sum(b["k3_sum"] for b in table["buckets"])
+    k1, k3 = table["k1"], table["k3"]
     aligned = table["shift_aligned"]
     shifted = min(table["shift_forward"], table["shift_backward"])
     return {
@@ -230,4 +248,5 @@ def _place(meta: dict[str, Any], token: int) -> dict[str, Any]:
     return entry
 
 
-__all__ = ["EDGES", "FILL_LOG_RATIO", "NUM_BUCKETS", "SignaturesAccumulator", "values"]
+__all__ = ["FILL_LOG_RATIO", "NUM_BUCKETS", "SignaturesAccumulator", "bucket_high", "bucket_low", "octaves",
+           "values"]

@@ -151,13 +151,13 @@ def temperature_mismatch(metrics: dict[str, Any], table: dict[str, Any]) -> list
 def ratio_moments(table: dict[str, Any]) -> tuple[float, float, int]:
     """Mean token ratio over the bulk (|d| < BULK_LOG_RATIO), its standard error and the bulk's token count.
 
-    Per token k3 - k1 = ratio - 1, so the bucket sums give the mean; chi2_terms (ratio^2) the variance.
+    Per token k3 - k1 = ratio - 1, so the bucket sums of the ratio give the mean, chi2_terms (ratio^2) the variance.
     """
     bulk = [b for b in table["buckets"] if b["high"] <= BULK_LOG_RATIO]
     n = sum(b["tokens"] for b in bulk)
     if n < 2:
         return math.nan, math.nan, n
-    mean = 1.0 + sum(b["k3_sum"] - b["k1_sum"] for b in bulk) / n
+    mean = sum(b["ratio_sum"] for b in bulk) / n
     variance = max(sum(b["chi2_terms"] for b in bulk) / n - mean * mean, 0.0) * n / (n - 1)
     return mean, math.sqrt(variance / n), n
 
@@ -174,8 +174,7 @@ def k3_k1_ratio(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]
     if not z >= MIN_Z:
         return []
     n = table["tokens"]
-    k3 = sum(b["k3_sum"] for b in table["buckets"]) / n
-    k1 = sum(b["k1_sum"] for b in table["buckets"]) / n
+    k3, k1 = table["k3"] / n, table["k1"] / n
     return [Finding(
         "k3_k1_ratio", "warning", f"k3 is {ratio:.3g} times k1",
         {"k3_k1_ratio": ratio, "k3": k3, "k1": k1, "ratio_mean": mean, "ratio_mean_standard_error": error, "z": z,

@@ -14,7 +14,7 @@ from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.chunk import make_chunk
 from mismatch_cli.engine.protocol import ChunkDecisions
 from mismatch_cli.engine.runner import run
-from mismatch_cli.engine.signatures import EDGES, SignaturesAccumulator
+from mismatch_cli.engine.signatures import SignaturesAccumulator
 
 SIGNATURE_KEYS = ("bitwise_equal_fraction", "temperature_slope", "best_fit_temperature", "shift_residual_ratio",
                   "constant_fill_fraction_old", "constant_fill_fraction_rollout", "k3_k1_ratio")
@@ -68,16 +68,19 @@ def reference(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray) -> dict:
     x, y = np.concatenate(xs), np.concatenate(ys)
     d = x - y
     n = x.size
-    bucket = np.searchsorted(np.asarray(EDGES[1:-1]), np.abs(d), side="right")
-    chi2_terms = np.exp(np.clip(d, -20, 20)) ** 2
+    # Octave of |d|: 2^(e - 127) <= |d| < 2^(e - 126), as float32's exponent field; 0 holds zeros.
+    mantissa_exponent = np.frexp(np.abs(d))[1]
+    bucket = np.where(np.abs(d) == 0, 0, np.clip(mantissa_exponent + 126, 0, 255))
+    ratio = np.exp(np.clip(d, -20, 20))
+    chi2_terms = ratio**2
     k3 = np.exp(d) - d - 1
     slope = np.cov(x, y, bias=True)[0, 1] / np.var(x)
     return {
         "tokens": n,
-        "bucket_tokens": np.bincount(bucket, minlength=len(EDGES) - 1),
-        "bucket_chi2": np.bincount(bucket, weights=chi2_terms, minlength=len(EDGES) - 1),
-        "bucket_k3": np.bincount(bucket, weights=k3, minlength=len(EDGES) - 1),
-        "bucket_k1": np.bincount(bucket, weights=-d, minlength=len(EDGES) - 1),
+        "bucket_tokens": np.bincount(bucket, minlength=256),
+        "bucket_chi2": np.bincount(bucket, weights=chi2_terms, minlength=256),
+        "bucket_ratio": np.bincount(bucket, weights=ratio, minlength=256),
+        "k3": k3.sum(), "k1": (-d).sum(),
         "pairs": pairs,
         **fills,
         "metrics": {
@@ -111,9 +114,14 @@ def test_signatures_match_float64_numpy(seed: int) -> None:
     metrics, table = analyze([batch_from_padded(old, rollout, mask)])
     assert table["tokens"] == ref["tokens"]
     buckets = table["buckets"]
-    assert [b["tokens"] for b in buckets] == ref["bucket_tokens"].tolist()
-    for name, key in (("chi2_terms", "bucket_chi2"), ("k3_sum", "bucket_k3"), ("k1_sum", "bucket_k1")):
-        np.testing.assert_allclose([b[name] for b in buckets], ref[key], rtol=1e-12, atol=1e-12)
+    occupied = np.flatnonzero(ref["bucket_tokens"])
+    assert [b["tokens"] for b in buckets] == ref["bucket_tokens"][occupied].tolist()
+    assert [b["low"] for b in buckets] == [0.0 if e == 0 else 2.0 ** (e - 127) for e in occupied.tolist()]
+    for bucket in buckets:  # every token lies in its octave
+        assert bucket["high"] == 2 * bucket["low"] or (bucket["low"] == 0 and bucket["high"] == 2.0**-126)
+    for name, key in (("chi2_terms", "bucket_chi2"), ("ratio_sum", "bucket_ratio")):
+        np.testing.assert_allclose([b[name] for b in buckets], ref[key][occupied], rtol=1e-12, atol=1e-12)
+    assert table["k3"] == pytest.approx(ref["k3"], rel=1e-12) and table["k1"] == pytest.approx(ref["k1"], rel=1e-12)
     assert table["pairs"] == ref["pairs"]
     for key in ("zero_old", "zero_rollout", "repeat_old", "repeat_rollout", "fill_old", "fill_rollout"):
         assert table[key] == ref[key], key
@@ -141,7 +149,7 @@ def test_one_row_per_chunk_gives_the_same_signatures(dtype: str) -> None:
         assert b == pytest.approx(a, rel=1e-9, abs=1e-15), key
     for a, b in zip(one.signatures["buckets"], many.signatures["buckets"], strict=True):
         assert a["tokens"] == b["tokens"]
-        for name in ("chi2_terms", "k3_sum", "k1_sum"):
+        for name in ("chi2_terms", "ratio_sum"):
             assert b[name] == pytest.approx(a[name], rel=1e-9, abs=1e-12)
     assert one.signatures["worst_token"] == many.signatures["worst_token"]
 
