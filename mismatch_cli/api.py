@@ -11,6 +11,7 @@ from typing import Any
 from mismatch_cli.correction import CorrectionConfig, ResolvedCorrection, resolve
 from mismatch_cli.drift import drift
 from mismatch_cli.errors import UsageError
+from mismatch_cli.findings import find
 from mismatch_cli.health import summarize
 from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, iter_batches
 from mismatch_cli.io.parallel import BackgroundHashes
@@ -163,7 +164,7 @@ def build_report(
         }
         for step, batch in result.steps.items()
     ]
-    return Report(
+    report = Report(
         tool={"name": TOOL_NAME, "version": __version__},
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         inputs=inputs,
@@ -184,6 +185,8 @@ def build_report(
         recommendation=recommend(result.overall.metrics, config, result.overall.what_if),
         drift=drift(steps),
     )
+    report.findings = [f.to_dict() for f in find(report, getattr(result.overall, "signatures", {}))]
+    return report
 
 
 def _groups(result: Any, group_by: Sequence[str]) -> dict[str, list[dict[str, Any]]]:

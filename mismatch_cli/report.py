@@ -53,6 +53,8 @@ class Report:
     # The least invasive what-if setting whose after-health is in band, or why there is none (recommend.py).
     recommendation: dict[str, Any] | None = None
     drift: dict[str, dict[str, Any]] = field(default_factory=dict)  # metric -> trend over steps (drift.py)
+    # Causes and bug signatures, most severe first: {code, severity, title, evidence, detail} (mismatch_cli.findings).
+    findings: list[dict[str, Any]] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -187,8 +189,10 @@ _TOP_LEVEL: dict[str, str] = {  # field -> JSON type
     "summary": "object", "steps": "array", "groups": "object", "rounds": "array", "rounds_from_end": "array",
     "quantiles": "object", "histograms": "object", "worst_sequences": "array", "what_if": "array",
     "intervals": "object", "data_quality": "object", "warnings": "array", "recommendation": "object or null",
-    "drift": "object",
+    "drift": "object", "findings": "array",
 }
+_FINDING_FIELDS = {"code": "a string", "severity": "error, warning or info", "title": "a string",
+                   "evidence": "an object", "detail": "a string"}
 _EXPECTED = {"object": "an object", "array": "an array", "string": "a string", "object or null": "an object or null"}
 _REQUIRED = ("tool", "created_at", "inputs", "config", "metrics")
 _INPUT_FIELDS = {"path": str, "format": str, "bytes": int, "sha256": (str, type(None)), "sequences": int,
@@ -273,6 +277,8 @@ def validate_report(data: Any, source: str = "report") -> None:
         _recommendation(check, data["recommendation"])
     for key, entry in data.get("drift", {}).items():
         _drift(check, entry, f"$.drift[{json.dumps(key)}]")
+    for i, finding in enumerate(data.get("findings", [])):
+        _check_finding(check, finding, f"$.findings[{i}]")
     for i, warning in enumerate(data.get("warnings", [])):
         if not isinstance(warning, str):
             check.fail(f"$.warnings[{i}]", "a string", warning)
@@ -307,6 +313,20 @@ def _drift(check: _Check, value: Any, path: str) -> None:
     for i, step in enumerate(check.array(entry.get("bad_steps", _MISSING), f"{path}.bad_steps")):
         if isinstance(step, bool) or not isinstance(step, int):
             check.fail(f"{path}.bad_steps[{i}]", "an integer step", step)
+
+
+def _check_finding(check: _Check, finding: Any, path: str) -> None:
+    """A finding: the five fields, of their types (the evidence any JSON object)."""
+    check.obj(finding, path)
+    for name, expected in _FINDING_FIELDS.items():
+        value = finding.get(name, _MISSING)
+        ok = (isinstance(value, dict) if name == "evidence" else value in ("error", "warning", "info")
+              if name == "severity" else isinstance(value, str))
+        if not ok:
+            check.fail(f"{path}.{name}", expected, value)
+    extra = sorted(set(finding) - set(_FINDING_FIELDS))
+    if extra:
+        check.fail(f"{path}.{extra[0]}", "absent (not a field of a finding)", finding[extra[0]])
 
 
 def strict_json(value: Any) -> Any:

@@ -14,11 +14,11 @@ import re
 from pathlib import Path
 
 import pytest
-from mismatch_cli.comparison import compare_reports
 from rich.console import Console
 from typer.testing import CliRunner
 
 from mismatch_cli.cli import app
+from mismatch_cli.comparison import compare_reports
 from mismatch_cli.correction import presets_table
 from mismatch_cli.render.cells import format_value
 from mismatch_cli.render.compare import (

@@ -88,7 +88,7 @@ def analyze(
     else:
         rendered = Rendered(OutputFormat(output_format.value), report.to_json, lambda: render_markdown(report),
                             (lambda console: render_tables(report, console, warnings=not quiet)) if full
-                            else (lambda console: render_summary(report, console)))
+                            else (lambda console: render_summary(report, console, warnings=not quiet)))
     outputs.protect(entry.path for entry in report.inputs)  # files found in input folders
     written = []
     if out_dir is not None:
@@ -104,6 +104,6 @@ def analyze(
             plots = [name for name in files if name.endswith(".png")]
             written.append(f"wrote {out_dir / 'report.html'} and {len(plots)} plots ({', '.join(plots) or 'none'})")
     deliver(outputs, output, rendered)
-    if output_format is not ReportFormat.table or to_file(output) or not full:
+    if output_format is not ReportFormat.table or to_file(output):
         note(quiet, *(f"warning: {warning}" for warning in report.warnings))
     note(quiet, *written, *([f"wrote {output}"] if to_file(output) else []))

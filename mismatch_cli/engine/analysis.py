@@ -25,6 +25,7 @@ from mismatch_cli.engine.protocol import (
 )
 from mismatch_cli.engine.rejection import RejectionAccumulator
 from mismatch_cli.engine.rounds import RoundsAccumulator
+from mismatch_cli.engine.signatures import SignaturesAccumulator
 from mismatch_cli.engine.whatif import WhatIfAccumulator
 from mismatch_cli.engine.worst import WorstSequences
 
@@ -42,6 +43,7 @@ class BatchResult:
     histograms: dict = field(default_factory=dict)
     worst_sequences: list[dict] = field(default_factory=list)
     what_if: list[dict] = field(default_factory=list)
+    signatures: dict = field(default_factory=dict)
     icepop_rejects_all: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -78,6 +80,7 @@ class BatchAccumulator:
         # The what-if ladder and the worst sequences (the overall batch needs them; per-step ones may not).
         self.what_if = WhatIfAccumulator(correction.k1_bounds, device) if extras else None
         self.worst = WorstSequences() if extras else None
+        self.signatures = SignaturesAccumulator(device)  # the findings' evidence (and per-step diag/ keys)
         self.bootstrap = (
             BootstrapAccumulator(bootstrap, device, correction.is_level if self.importance else None,
                                  self.rejection is not None)
@@ -87,7 +90,7 @@ class BatchAccumulator:
         self.rounds = RoundsAccumulator(device) if rounds else None
         # Update order: the deciders (IS, RS, the older family) before the accumulators reading their decisions.
         ordered = (self.importance, self.rejection, self.family, self.offpolicy, self.diagnostics, self.what_if,
-                   self.worst, self.bootstrap, self.rounds)
+                   self.worst, self.signatures, self.bootstrap, self.rounds)
         self.accumulators: list[Accumulator] = [a for a in ordered if a is not None]
         check_order(self.accumulators)
 

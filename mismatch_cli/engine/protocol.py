@@ -78,9 +78,11 @@ class Contribution:
     histograms: dict[str, Any] = field(default_factory=dict)
     worst_sequences: list[dict] = field(default_factory=list)
     what_if: list[dict] = field(default_factory=list)
+    signatures: dict[str, Any] = field(default_factory=dict)  # what the findings read (engine/signatures.py)
 
 
-TABLES = ("rounds", "rounds_from_end", "intervals", "quantiles", "histograms", "worst_sequences", "what_if")
+TABLES = ("rounds", "rounds_from_end", "intervals", "quantiles", "histograms", "worst_sequences", "what_if",
+          "signatures")
 
 
 class Accumulator(ABC):

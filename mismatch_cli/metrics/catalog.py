@@ -272,6 +272,21 @@ def _diagnostics() -> list[Metric]:
              practical_difference=ESS_DIFFERENCE),
         diag("ess_seq_kish", "over valid rows, in (0, 1]", "fraction", HIGHER, "Kish's (Σw)² / (n Σw²), "
              "w = exp(clamp(S, ±20)) per row", practical_difference=ESS_DIFFERENCE),
+        # The bug signatures' numbers (engine/signatures.py; docs/report.md, "Findings").
+        diag("bitwise_equal_fraction", TOKEN_FRACTION, "fraction", NONE, "share of tokens with old == rollout "
+             "bit for bit (1.0: the same tensor twice, or a deterministic-inference run)"),
+        diag("temperature_slope", "least-squares slope over valid tokens", "ratio", CLOSER_TO_1,
+             "slope of the rollout log-prob on the old log-prob (1 / T for a rollout side at temperature T)"),
+        diag("best_fit_temperature", "1 / temperature_slope", "temperature", CLOSER_TO_1,
+             "apparent temperature of the rollout side against the old side (attenuated toward 1)"),
+        diag("shift_residual_ratio", "ratio of sums over adjacent token pairs within rows", "ratio", HIGHER,
+             "Σ(old − rollout shifted one token)² / Σ(old − rollout)², the better shift; below 1: off by one"),
+        diag("constant_fill_fraction_old", TOKEN_FRACTION, "fraction", LOWER, "old side exactly 0.0, or repeating "
+             "the previous token's value while rollout moves, with |d| > ln 2"),
+        diag("constant_fill_fraction_rollout", TOKEN_FRACTION, "fraction", LOWER, "rollout side exactly 0.0, or "
+             "repeating the previous token's value while old moves, with |d| > ln 2"),
+        diag("k3_k1_ratio", "ratio of token sums", "ratio", CLOSER_TO_1, "Σ k3 / Σ k1 (k3 − k1 = ratio − 1 per "
+             "token, so 1 in expectation when the rollout side samples its own normalized distribution)"),
         diag("sequences", COUNT, "rows", NONE, "rows read"),
         diag("valid_tokens", COUNT, "tokens", NONE, "tokens with mask 1 and finite log-probs on both sides"),
         diag("empty_rows", COUNT, "rows", NONE, "rows without a valid token"),

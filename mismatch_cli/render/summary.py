@@ -26,7 +26,7 @@ KEY_METRICS = (
 SHOWN_FINDINGS = 4
 SHOWN_WARNINGS = 2
 SHOWN_DRIFT = 3
-SEVERITY_MARK = {"error": "!!", "warning": "! ", "info": "i "}
+SEVERITY_MARK = {"error": "!! ", "warning": "! ", "info": "i "}
 
 
 class Lines:
@@ -132,10 +132,18 @@ def _cost(cost: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _recommendation(out: Lines, recommendation: Mapping[str, Any] | None) -> None:
-    if not recommendation:
+def _recommendation(out: Lines, recommendation: Mapping[str, Any] | None,
+                    broken: list[Mapping[str, Any]]) -> None:
+    if not recommendation and not broken:
         return
     out.heading("What to do")
+    if broken:
+        # A correction reweights real log-probs; it cannot repair a dump whose log-probs are not real.
+        out.add(f"fix the dump first: {broken[0].get('title', '')} (see Dump checks); no correction repairs "
+                "a broken dump, so the numbers below measure the bug, not the engines", indent=2, hang=4,
+                style="red")
+    if not recommendation:
+        return
     if recommendation.get("scenario"):
         preset = f" (= --preset {recommendation['preset']})" if recommendation.get("preset") else ""
         out.add(f"turn on {recommendation['scenario']}: {recommendation['flags']}{preset}", indent=2, hang=4)
@@ -198,8 +206,8 @@ def _key_metrics(out: Lines, report: Report) -> None:
         out.add(text, indent=2, hang=4)
 
 
-def summary_lines(report: Report, width: int = 80) -> list[tuple[str, str]]:
-    """The summary's lines (text, rich style) for a terminal `width` columns wide."""
+def summary_lines(report: Report, width: int = 80, warnings: bool = True) -> list[tuple[str, str]]:
+    """The summary's lines (text, rich style) for a terminal `width` columns wide (`warnings` off for `-q`)."""
     out = Lines(width)
     out.add(f"mismatch: {_inputs(report)}", style="bold")
     out.add(_correction(report))
@@ -207,11 +215,12 @@ def summary_lines(report: Report, width: int = 80) -> list[tuple[str, str]]:
     _health(out, report)
     findings = [f if isinstance(f, Mapping) else f.to_dict() for f in (getattr(report, "findings", None) or [])]
     _findings(out, findings, causes=True)
-    _recommendation(out, getattr(report, "recommendation", None))
+    broken = [f for f in findings if f.get("severity") == "error" and f.get("code") != "concentrated_divergence"]
+    _recommendation(out, getattr(report, "recommendation", None), broken)
     _findings(out, findings, causes=False)
     _drift(out, getattr(report, "drift", None))
     _key_metrics(out, report)
-    if report.warnings:
+    if report.warnings and warnings:
         out.heading(f"Warnings ({len(report.warnings)})")
         for warning in report.warnings[:SHOWN_WARNINGS]:
             out.add(f"- {warning}", indent=2, hang=2)
@@ -223,9 +232,9 @@ def summary_lines(report: Report, width: int = 80) -> list[tuple[str, str]]:
     return out.lines
 
 
-def render_summary(report: Report, console: Console) -> None:
+def render_summary(report: Report, console: Console, warnings: bool = True) -> None:
     """Print the one-screen summary on `console`, wrapped to its width."""
-    for text, style in summary_lines(report, console.width):
+    for text, style in summary_lines(report, console.width, warnings):
         console.print(f"[{style}]{escape(text)}[/]" if style else escape(text), highlight=False, soft_wrap=True)
 
 

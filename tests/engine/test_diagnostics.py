@@ -26,6 +26,9 @@ DIAG_KEYS = {
     "log_ratio_p001", "log_ratio_p01", "log_ratio_p50", "log_ratio_p99", "log_ratio_p999", "abs_log_ratio_p50",
     "abs_log_ratio_p90", "abs_log_ratio_p99", "abs_log_ratio_p999", "ess_token", "ess_seq_kish", "sequences",
     "valid_tokens", "empty_rows", "rounds", "nonfinite_tokens", "sentinel_tokens",
+    # The bug signatures' keys (checked against numpy in tests/findings/test_signatures_engine.py).
+    "bitwise_equal_fraction", "temperature_slope", "best_fit_temperature", "shift_residual_ratio",
+    "constant_fill_fraction_old", "constant_fill_fraction_rollout", "k3_k1_ratio",
 }
 
 

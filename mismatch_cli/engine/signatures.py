@@ -1,0 +1,253 @@
+"""What the bug signatures and the causes of a failing check need, folded per chunk in fixed-size float64 state.
+
+Per |delta| octave (bucket e holds 2^(e-127) <= |delta| < 2^(e-126), the float32 exponent; bucket 0 also
+holds 0): tokens, the chi2_token terms (formulas.chi2_token_terms) and the clamped ratio, so "N tokens with
+|delta| >= d carry y % of chi2_token" is exact for every power of two d (per token k3 - k1 = ratio - 1);
+the k3 and k1 totals. Per side: exact-constant fills (a side exactly 0.0, or repeating the previous valid
+token's value of its row, while the other side moves, on a token whose |delta| exceeds ln 2). The
+bitwise-equal count; the moments of x = old, y = rollout for the least-squares slope of rollout on old
+(the temperature signature); the residuals of the aligned and the one-token-shifted streams within rows
+(the off-by-one signature); and the single worst token with its file, row, position and round.
+
+Every per-token sum accumulates in float64 device tensors (no host round trip per chunk); the worst token's
+candidates are resolved on the host once every PENDING chunks and in `compute`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution, finite_or_none
+from mismatch_cli.engine.state import F64, Reducer
+
+# Octave buckets of |delta|: the float32 exponent field (a float64 one is mapped onto it, clamped), read from
+# the bits, which is several times cheaper than comparing with edges.
+NUM_BUCKETS = 256
+EXPONENT_BIAS = 127
+# A fill token: the filled side's value is off the other side's by more than a factor 2 of probability.
+# bf16 rounding turns a log-prob of about -0.06 or above into exactly 0.0, never one below -ln 2.
+FILL_LOG_RATIO = math.log(2.0)
+PENDING = 16  # worst-token candidates kept before one host read resolves them
+SIDES = ("old", "rollout")
+
+
+def _bucket_sums(index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Float64 sums of `values` per bucket index, [NUM_BUCKETS] (numpy on the CPU: float64 without a copy)."""
+    if values.device.type == "cpu":
+        sums = np.bincount(index.numpy(), weights=values.numpy(), minlength=NUM_BUCKETS)
+        return torch.from_numpy(sums.astype(np.float64, copy=False))
+    return torch.bincount(index, weights=values.to(F64), minlength=NUM_BUCKETS)
+
+
+def bucket_low(index: int) -> float:
+    """The lowest |delta| of octave bucket `index` (0.0 for bucket 0, which also holds zeros and subnormals)."""
+    return 0.0 if index == 0 else math.ldexp(1.0, index - EXPONENT_BIAS)
+
+
+def bucket_high(index: int) -> float:
+    """The bound |delta| stays below in octave bucket `index`."""
+    return math.inf if index == NUM_BUCKETS - 1 else math.ldexp(1.0, index + 1 - EXPONENT_BIAS)
+
+
+def octaves(magnitude: torch.Tensor) -> torch.Tensor:
+    """Octave bucket per non-negative value: its float32 exponent field (float64: the same octave, clamped)."""
+    if magnitude.dtype == torch.float32:
+        return torch.bitwise_right_shift(magnitude.view(torch.int32), 23).long()
+    exponent = torch.bitwise_right_shift(magnitude.view(torch.int64), 52) - (1023 - EXPONENT_BIAS)
+    return exponent.clamp_(0, NUM_BUCKETS - 1)
+
+
+def _row_starts(chunk: Chunk) -> torch.Tensor:
+    """Bool [N + 1]: True at each row's first valid token (and at N), so pair (t, t+1) is in one row iff not [t+1]."""
+    n = chunk.num_tokens
+    flags = torch.zeros(n + 1, dtype=torch.bool, device=chunk.old.device)
+    starts = torch.cumsum(chunk.lengths, 0) - chunk.lengths  # an empty row's start is the next row's (or N)
+    flags[starts] = True
+    flags[n] = True
+    return flags
+
+
+class SignaturesAccumulator(Accumulator):
+    """Bucketed chi2 / k3 / k1, constant fills, bitwise equality, temperature moments, shift residuals, worst token."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.state = Reducer(device)
+        self.buckets = torch.zeros((3, NUM_BUCKETS), dtype=F64, device=device)  # tokens, sum ratio^2, sum ratio
+        self.pending: list[tuple[torch.Tensor, dict[str, Any]]] = []
+        self.worst: dict[str, Any] | None = None
+
+    def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
+        """Fold one chunk of whole sequences in (device work only, but one host read per PENDING chunks)."""
+        n = chunk.num_tokens
+        s = self.state
+        s.add("tokens", float(n))
+        if n == 0:
+            return
+        old, rollout, delta, magnitude = chunk.old, chunk.rollout, chunk.log_ratio, chunk.abs_log_ratio
+        index = octaves(magnitude)
+        self.buckets[0] += torch.bincount(index, minlength=NUM_BUCKETS).to(F64)
+        self.buckets[1] += _bucket_sums(index, chunk.ratio_safe_sq)
+        self.buckets[2] += _bucket_sums(index, chunk.ratio_safe)
+        s.add("k3", chunk.k3)
+        s.add("k1", -delta)  # k1 = rollout - old
+        s.add("bitwise_equal", old == rollout)
+        continues = ~_row_starts(chunk)[1:-1]  # [N - 1]: token t + 1 continues token t's row
+        self._fills(chunk, continues)
+        self._moments(old, rollout)
+        self._shift(chunk, continues)
+        self._candidate(chunk, magnitude)
+
+    def _fills(self, chunk: Chunk, continues: torch.Tensor) -> None:
+        old, rollout, s = chunk.old, chunk.rollout, self.state
+        far = chunk.abs_log_ratio > FILL_LOG_RATIO
+        repeats = []
+        for side in (old, rollout):
+            repeat = torch.zeros_like(far)
+            repeat[1:] = (side[1:] == side[:-1]) & continues
+            repeats.append(repeat)
+        for name, side, other, mine, theirs in (("old", old, rollout, *repeats), ("rollout", rollout, old,
+                                                                                  *repeats[::-1])):
+            zero = (side == 0) & (other != 0)
+            repeat = mine & ~theirs
+            s.add(f"zero_{name}", zero)
+            s.add(f"repeat_{name}", repeat)
+            s.add(f"fill_{name}", (zero | repeat) & far)
+
+    def _moments(self, old: torch.Tensor, rollout: torch.Tensor) -> None:
+        s = self.state
+        s.add("x", old)
+        s.add("y", rollout)
+        s.add("xx", old * old)
+        s.add("yy", rollout * rollout)
+        s.add("xy", old * rollout)
+
+    def _shift(self, chunk: Chunk, continues: torch.Tensor) -> None:
+        """Squared residuals of pairs (t, t+1) inside a row: aligned, rollout one token late, one token early."""
+        old, rollout, s = chunk.old, chunk.rollout, self.state
+        s.add("pairs", continues)
+        for name, residual in (("aligned", chunk.log_ratio[:-1]), ("forward", old[:-1] - rollout[1:]),
+                               ("backward", old[1:] - rollout[:-1])):
+            s.add(f"shift_{name}", torch.where(continues, residual * residual, 0.0))
+
+    def _candidate(self, chunk: Chunk, magnitude: torch.Tensor) -> None:
+        """Keep the chunk's largest |delta| (device scalars) and what places it; resolve every PENDING chunks."""
+        at = torch.argmax(magnitude).reshape(1)
+        values = torch.stack([magnitude.index_select(0, at)[0].to(F64), at[0].to(F64),
+                              chunk.old.index_select(0, at)[0].to(F64), chunk.rollout.index_select(0, at)[0].to(F64)])
+        # Only the host arrays that place a token (no per-token tensor is kept alive).
+        layout = chunk.layout
+        meta = {"file": chunk.source, "first_row": chunk.first_row, "offsets": chunk.offsets,
+                "valid": layout.keep if layout is not None else None,
+                "starts": layout.starts if layout is not None else None,
+                "steps": chunk.steps, "ids": chunk.sequence_ids,
+                "lengths": chunk.lengths if chunk.offsets is None or layout is None else None}
+        self.pending.append((values, meta))
+        if len(self.pending) >= PENDING:
+            self._resolve()
+
+    def _resolve(self) -> None:
+        """Read the pending candidates (one host sync) and keep the worst token found so far."""
+        if not self.pending:
+            return
+        values = torch.stack([v for v, _ in self.pending]).cpu().numpy()
+        for (magnitude, token, old, rollout), (_, meta) in zip(values, self.pending, strict=True):
+            entry = _place(meta, int(token))
+            entry.update(abs_log_ratio=float(magnitude), old_log_prob=float(old), rollout_log_prob=float(rollout))
+            self._offer(entry)
+        self.pending = []
+
+    def _offer(self, entry: dict[str, Any]) -> None:
+        def order(e: dict[str, Any]) -> tuple[float, str, int, int]:
+            return (-e["abs_log_ratio"], e["file"], e["row"], e["position"])
+
+        if self.worst is None or order(entry) < order(self.worst):
+            self.worst = entry
+
+    def merge(self, other: SignaturesAccumulator) -> None:
+        """Fold another shard's state in."""
+        self.state.merge(other.state)
+        self.buckets += other.buckets.to(self.device)
+        other._resolve()
+        if other.worst is not None:
+            self._offer(other.worst)
+
+    def compute(self) -> Contribution:
+        """The `diag/` signature keys and the tables the findings read."""
+        self._resolve()
+        table = self.table()
+        metrics = {DIAG_PREFIX + k: finite_or_none(v) for k, v in values(table).items()}
+        return Contribution(metrics=metrics, signatures=table)
+
+    def table(self) -> dict[str, Any]:
+        """Every sum as Python numbers: buckets, fills, moments, shift residuals, the worst token."""
+        s = self.state
+        sums = self.buckets.cpu().numpy()
+        # Only the occupied octaves, in ascending |delta|.
+        buckets = [{"low": bucket_low(i), "high": bucket_high(i), "tokens": int(sums[0, i]),
+                    "chi2_terms": float(sums[1, i]), "ratio_sum": float(sums[2, i])}
+                   for i in np.flatnonzero(sums[0]).tolist()]
+        keys = ("tokens", "k3", "k1", "bitwise_equal", "x", "y", "xx", "yy", "xy", "pairs", "shift_aligned",
+                "shift_forward", "shift_backward", *(f"{kind}_{side}" for kind in ("zero", "repeat", "fill")
+                                                    for side in SIDES))
+        out: dict[str, Any] = {key: s.get(key) for key in keys}
+        for key in ("tokens", "bitwise_equal", "pairs", *(k for k in keys if k.startswith(("zero", "repeat", "fill")))):
+            out[key] = int(out[key])
+        out["chi2_terms"] = float(sums[1].sum())
+        out["buckets"] = buckets
+        out["worst_token"] = dict(self.worst) if self.worst is not None else None
+        return out
+
+
+def values(table: dict[str, Any]) -> dict[str, float]:
+    """The `diag/` keys (unprefixed) from the table: NaN where undefined."""
+    n = table["tokens"] or math.nan
+    x, y = table["x"], table["y"]
+    sxx = table["xx"] - x * x / n
+    sxy = table["xy"] - x * y / n
+    slope = sxy / sxx if sxx > 0 else math.nan
+    k1, k3 = table["k1"], table["k3"]
+    aligned = table["shift_aligned"]
+    shifted = min(table["shift_forward"], table["shift_backward"])
+    return {
+        "bitwise_equal_fraction": table["bitwise_equal"] / n,
+        "temperature_slope": slope,
+        "best_fit_temperature": 1.0 / slope if slope > 0 else math.nan,
+        "shift_residual_ratio": shifted / aligned if table["pairs"] and aligned > 0 else math.nan,
+        "constant_fill_fraction_old": table["fill_old"] / n,
+        "constant_fill_fraction_rollout": table["fill_rollout"] / n,
+        "k3_k1_ratio": k3 / k1 if k1 != 0 else math.nan,
+    }
+
+
+def _place(meta: dict[str, Any], token: int) -> dict[str, Any]:
+    """File, row, position within the row, round, step and id of a chunk's `token`-th valid token (host)."""
+    if meta["lengths"] is not None:
+        lengths = meta["lengths"].cpu().numpy()
+        ends = np.cumsum(lengths)
+        row = int(np.searchsorted(ends, token, side="right"))
+        position, round_index = token - int(ends[row] - lengths[row]), None
+    else:
+        # Device tensors of the chunk's layout: read here, at a resolve (already a host sync), never per chunk.
+        offsets, valid, starts = meta["offsets"], meta["valid"].cpu().numpy(), meta["starts"].cpu().numpy()
+        kept_before = np.concatenate(([0], np.cumsum(valid, dtype=np.int64)))
+        row = int(np.searchsorted(kept_before[offsets], token, side="right")) - 1
+        start, stop = int(offsets[row]), int(offsets[row + 1])
+        within = token - int(kept_before[start])
+        position = int(np.flatnonzero(valid[start:stop])[within])
+        round_index = int(starts[start:start + position + 1].sum()) - 1
+    entry: dict[str, Any] = {"file": meta["file"], "row": meta["first_row"] + row, "position": position,
+                             "round": round_index, "step": None if meta["steps"] is None else int(meta["steps"][row])}
+    if meta["ids"] is not None:
+        value = meta["ids"][row]
+        entry["id"] = value.item() if isinstance(value, np.generic) else value
+    return entry
+
+
+__all__ = ["FILL_LOG_RATIO", "NUM_BUCKETS", "SignaturesAccumulator", "bucket_high", "bucket_low", "octaves",
+           "values"]
