@@ -151,7 +151,7 @@ def analyze_json(*args: str) -> dict:
 
 
 def test_analyze_table():
-    result = invoke("analyze", SAMPLE, "--device", "cpu")
+    result = invoke("analyze", SAMPLE, "--device", "cpu", "--full")
     assert_ok(result)
     assert "Health" in result.stdout
     assert "kl" in result.stdout and "chi2_token" in result.stdout
@@ -651,7 +651,7 @@ def warning_dump(tmp_path) -> Path:
 def test_no_color_plain_output(warning_dump):
     result = invoke("analyze", warning_dump, "--device", "cpu", env={**CLEAN_ENV, "NO_COLOR": "1"})
     assert_ok(result)
-    assert "Health: warning" in result.stdout
+    assert "Health: WARNING" in result.stdout
     assert "\x1b" not in result.stdout
 
 
@@ -663,7 +663,7 @@ def test_no_color_on_a_forced_terminal(warning_dump):
         "analyze", warning_dump, "--device", "cpu", env={**CLEAN_ENV, "FORCE_COLOR": "1", "NO_COLOR": "1"}
     )
     assert_ok(result)
-    assert "Health: warning" in result.stdout
+    assert "Health: WARNING" in result.stdout
     assert not _color_codes(result.stdout)
 
 
@@ -689,7 +689,7 @@ def test_help_does_not_import_torch():
 
 
 def test_multi_turn_sample_shows_rounds():
-    result = invoke("analyze", "sample_data/multi_turn.parquet", "--device", "cpu")
+    result = invoke("analyze", "sample_data/multi_turn.parquet", "--device", "cpu", "--full")
     assert result.exit_code == 0 and isinstance(result.exception, (SystemExit, type(None)))
     assert "Rounds (round k" in result.stdout and "Rounds from the end" in result.stdout
     assert "worst round" in result.stdout
@@ -702,3 +702,21 @@ def test_multi_turn_sample_shows_rounds():
     best = max(range(len(rounds)), key=lambda k: rounds[k]["abs_diff_mean"])
     assert metrics["per_round/max_round_diff"] == best
     assert rounds[0]["rows"] >= rounds[-1]["rows"]
+
+
+def test_help_stays_light():
+    """`mismatch --help` and a command's --help import neither numpy nor pandas (they start in a fraction of a second)."""
+    code = (
+        "import sys\n"
+        "from mismatch_cli.cli import app\n"
+        "for argv in (['--help'], ['analyze', '--help'], ['check', '--help']):\n"
+        "    sys.argv = ['mismatch', *argv]\n"
+        "    try:\n"
+        "        app()\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(sorted(m for m in ('numpy', 'pandas', 'torch', 'pyarrow') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"

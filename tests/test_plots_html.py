@@ -135,4 +135,4 @@ def test_no_plots_writes_only_the_json(tmp_path: Path) -> None:
     result = runner.invoke(app, ["analyze", str(MULTI), "--out-dir", str(tmp_path), "--no-plots", "--device", "cpu",
                                  "--format", "json"])
     assert result.exit_code == 0 and isinstance(result.exception, (SystemExit, type(None)))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "rounds.csv"]  # tables, no plots

@@ -10,7 +10,6 @@ import typer
 
 from mismatch_cli.cli.app import app, guard
 from mismatch_cli.cli.emit import OutputOpt, Rendered, deliver, note, planned_outputs, to_file
-from mismatch_cli.cli.flags import correction_from_flags
 from mismatch_cli.cli.options import (
     ByOpt,
     ComputeFlags,
@@ -64,6 +63,7 @@ def analyze(
     """Analyze rollout dumps: verl's rollout-correction metrics, health summary, report.json."""
     from mismatch_cli.api import analyze as run_analysis
     from mismatch_cli.api import check_bootstrap
+    from mismatch_cli.cli.flags import correction_from_flags
     from mismatch_cli.io.counts import measure_inputs
     from mismatch_cli.render.files import report_files
     from mismatch_cli.render.markdown import render_markdown

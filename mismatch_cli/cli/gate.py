@@ -11,7 +11,6 @@ import typer
 
 from mismatch_cli.cli.app import app, guard, stderr
 from mismatch_cli.cli.emit import OutputOpt, Rendered, deliver, note, planned_outputs
-from mismatch_cli.cli.flags import correction_from_flags
 from mismatch_cli.cli.options import (
     ByOpt,
     ComputeFlags,
@@ -76,6 +75,7 @@ def compare(
     quiet: QuietOpt = False,
 ) -> None:
     """Compare two runs side by side (BASE is the reference); exit 1 only when a given limit is breached."""
+    from mismatch_cli.cli.flags import correction_from_flags
     from mismatch_cli.comparison import parse_min_differences
     from mismatch_cli.gate import compare as run_compare
     from mismatch_cli.render.compare import render_compare_json, render_compare_markdown, render_compare_table
@@ -138,6 +138,7 @@ def check(
     """The CI gate: hold a dump (or report) to limits; exit 1 on a breach, 2 on a bad rule, 3 on bad input."""
     import json
 
+    from mismatch_cli.cli.flags import correction_from_flags
     from mismatch_cli.gate import check as run_check
     from mismatch_cli.gate import could_not_run
     from mismatch_cli.output import append_text

@@ -223,7 +223,7 @@ def summary_lines(report: Report, width: int = 80, warnings: bool = True) -> lis
     if report.warnings and warnings:
         out.heading(f"Warnings ({len(report.warnings)})")
         for warning in report.warnings[:SHOWN_WARNINGS]:
-            out.add(f"- {warning}", indent=2, hang=2)
+            out.add(f"warning: {warning}", indent=2, hang=4)
         if len(report.warnings) > SHOWN_WARNINGS:
             out.add(f"+{len(report.warnings) - SHOWN_WARNINGS} more with --full", indent=2)
     out.heading("Next")

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mismatch_cli.cli import app
-from mismatch_cli.comparison import BETTER, NOISE, WORSE, compare_reports
+from mismatch_cli.comparison import BETTER, NOISE, SAME, WORSE, compare_reports
 from mismatch_cli.correction import CorrectionConfig
 from mismatch_cli.report import RUN_SETTINGS, Report
 from mismatch_cli.thresholds import parse_rule
@@ -26,8 +26,8 @@ def report(metrics: dict, intervals: dict | None = None, **config: object) -> Re
                   metrics=metrics, intervals=intervals or {})
 
 
-def marks(base: Report, candidate: Report) -> dict[str, str]:
-    return {row.metric: row.mark for row in compare_reports(base, candidate).rows}
+def marks(base: Report, candidate: Report, **kwargs: object) -> dict[str, str]:
+    return {row.metric: row.mark for row in compare_reports(base, candidate, **kwargs).rows}
 
 
 ESS_KEYS = ("diag/ess_token", "diag/ess_seq_kish", "rollout_corr/rollout_is_eff_sample_size")
@@ -35,9 +35,15 @@ ESS_KEYS = ("diag/ess_token", "diag/ess_seq_kish", "rollout_corr/rollout_is_eff_
 
 def test_ess_is_higher_is_better() -> None:
     low, high = {k: 0.99963 for k in ESS_KEYS}, {k: 0.99982 for k in ESS_KEYS}
-    # Judged by direction alone (no intervals): a rise of the ESS is better, a fall worse.
-    assert set(marks(report(low), report(high)).values()) == {BETTER}
-    assert set(marks(report(high), report(low)).values()) == {WORSE}
+    # The issue's case: 0.99982 -> 0.99963 is far inside the ESS's minimal practical difference (0.01),
+    # so it is no practical change, neither worse nor better.
+    assert set(marks(report(high), report(low)).values()) == {SAME}
+    # Judged by direction alone (no intervals, every change counting): a rise is better, a fall worse.
+    every_change = {k: None for k in ESS_KEYS}
+    assert set(marks(report(low), report(high), min_difference=every_change).values()) == {BETTER}
+    assert set(marks(report(high), report(low), min_difference=every_change).values()) == {WORSE}
+    far_low = {k: 0.5 for k in ESS_KEYS}
+    assert set(marks(report(far_low), report(high)).values()) == {BETTER}
     # With bootstrap intervals that overlap, a change this small is noise, whichever way it goes.
     around = {k: [0.99950, 0.99990] for k in ESS_KEYS}
     assert set(marks(report(high, around), report(low, around)).values()) == {NOISE}
