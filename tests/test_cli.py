@@ -705,7 +705,7 @@ def test_multi_turn_sample_shows_rounds():
 
 
 def test_help_stays_light():
-    """`mismatch --help` and a command's --help import neither numpy nor pandas (they start in a fraction of a second)."""
+    """`mismatch --help` and a command's --help import no numpy, pandas, pyarrow or torch (a fast start)."""
     code = (
         "import sys\n"
         "from mismatch_cli.cli import app\n"
