@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.adversarial.conftest import ROOT, assert_clean_failure, mismatch
+from conftest import ROOT, assert_clean_failure, mismatch
 
 SINGLE = ROOT / "sample_data" / "single_turn.parquet"
 
