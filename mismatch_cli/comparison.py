@@ -154,6 +154,10 @@ class Comparison:
         if self.check is not None and self.check.exit_code == 1:
             return f"verdict: FAIL - {len(self.check.breaches)} limit(s) breached ({summary}); " \
                    f"worst: {self.check.breaches[0].message}"
+        if self.check is not None and self.check.exit_code:  # a limit that could not be evaluated (exit 2 / 3)
+            errors = [o for o in self.check.outcomes if o.status == "error"]
+            return f"verdict: ERROR - {len(errors)} limit(s) not evaluated ({summary}); " \
+                   f"{errors[0].rule.text}: {errors[0].message}"
         if worse and better:
             head = "MIXED - candidate changed beyond noise both ways"
         elif worse:
