@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, assert_clean_failure, mismatch
+
+from mismatch_cli.errors import DataError, InputError, UsageError
 
 SINGLE = ROOT / "sample_data" / "single_turn.parquet"
 
@@ -43,3 +46,46 @@ def test_rule_that_cannot_be_evaluated_says_why_on_one_line(tmp_path: Path) -> N
                for line in run.stdout.splitlines()), run.stdout
     verdict = [line for line in run.stderr.splitlines() if line.startswith("verdict:")]
     assert verdict and verdict[0].startswith("verdict: ERROR - 1 limit(s) not evaluated"), run.stderr
+
+
+def _batch() -> dict:
+    import numpy as np
+
+    old = np.log(np.linspace(0.1, 0.9, 12, dtype=np.float32)).reshape(3, 4)
+    return {"old_log_probs": old, "rollout_log_probs": old + np.float32(0.01), "response_mask": np.ones((3, 4))}
+
+
+@pytest.mark.parametrize(("change", "error", "words"), [
+    ({"old_log_probs": "abc"}, InputError, ("old_log_probs is a str, not an array",)),
+    ({"groups": ["a", "b", "c"]}, UsageError, ("groups is a list, not a mapping",)),
+    ({"step": -1}, UsageError, ("step must be an integer >= 0", "-1")),
+])
+def test_write_dump_refuses_bad_arguments_and_writes_nothing(tmp_path: Path, change: dict, error: type,
+                                                              words: tuple[str, ...]) -> None:
+    from mismatch_cli import write_dump
+
+    arguments = {**_batch(), **change}
+    with pytest.raises(error) as caught:
+        write_dump(tmp_path / "dumps", **arguments)
+    assert all(word in str(caught.value) for word in words), str(caught.value)
+    assert not (tmp_path / "dumps").exists()
+
+
+def test_write_dump_mask_value_is_named_as_a_plain_number(tmp_path: Path) -> None:
+    from mismatch_cli import write_dump
+
+    batch = _batch()
+    batch["response_mask"][1, 2] = 0.5
+    with pytest.raises(DataError, match=r"row 1 position 2 is 0\.5, not 0 or 1"):
+        write_dump(tmp_path / "d", **batch)
+
+
+def test_write_dump_into_an_existing_folder_named_like_a_file(tmp_path: Path) -> None:
+    from mismatch_cli import write_dump
+
+    folder = tmp_path / "run.parquet"
+    folder.mkdir()
+    written = write_dump(folder, step=3, **_batch())
+    assert written == folder / "step_000003.parquet" and written.is_file()
+    run = mismatch("analyze", folder, "--format", "csv", "--table", "metrics", "-q")
+    assert run.code == 0, run.stderr
