@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mismatch_cli.cli import app
-from mismatch_cli.comparison import BETTER, NOISE, WORSE, compare_reports
+from mismatch_cli.comparison import BETTER, NOISE, SAME, WORSE, compare_reports
 from mismatch_cli.correction import CorrectionConfig
 from mismatch_cli.report import RUN_SETTINGS, Report
 from mismatch_cli.thresholds import parse_rule
@@ -26,8 +26,8 @@ def report(metrics: dict, intervals: dict | None = None, **config: object) -> Re
                   metrics=metrics, intervals=intervals or {})
 
 
-def marks(base: Report, candidate: Report) -> dict[str, str]:
-    return {row.metric: row.mark for row in compare_reports(base, candidate).rows}
+def marks(base: Report, candidate: Report, min_difference: dict | None = None) -> dict[str, str]:
+    return {row.metric: row.mark for row in compare_reports(base, candidate, min_difference=min_difference).rows}
 
 
 ESS_KEYS = ("diag/ess_token", "diag/ess_seq_kish", "rollout_corr/rollout_is_eff_sample_size")
@@ -35,9 +35,12 @@ ESS_KEYS = ("diag/ess_token", "diag/ess_seq_kish", "rollout_corr/rollout_is_eff_
 
 def test_ess_is_higher_is_better() -> None:
     low, high = {k: 0.99963 for k in ESS_KEYS}, {k: 0.99982 for k in ESS_KEYS}
-    # Judged by direction alone (no intervals): a rise of the ESS is better, a fall worse.
-    assert set(marks(report(low), report(high)).values()) == {BETTER}
-    assert set(marks(report(high), report(low)).values()) == {WORSE}
+    # Judged by direction alone (no intervals, any change counts): a rise of the ESS is better, a fall worse.
+    anything = dict.fromkeys(ESS_KEYS)
+    assert set(marks(report(low), report(high), anything).values()) == {BETTER}
+    assert set(marks(report(high), report(low), anything).values()) == {WORSE}
+    # With the registry's minimal practical differences, a change of 2e-4 in the ESS is no practical change.
+    assert set(marks(report(high), report(low)).values()) == {SAME}
     # With bootstrap intervals that overlap, a change this small is noise, whichever way it goes.
     around = {k: [0.99950, 0.99990] for k in ESS_KEYS}
     assert set(marks(report(high, around), report(low, around)).values()) == {NOISE}

@@ -89,3 +89,56 @@ def test_write_dump_into_an_existing_folder_named_like_a_file(tmp_path: Path) ->
     assert written == folder / "step_000003.parquet" and written.is_file()
     run = mismatch("analyze", folder, "--format", "csv", "--table", "metrics", "-q")
     assert run.code == 0, run.stderr
+
+
+@pytest.fixture(scope="module")
+def two_reports(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two report.json files of the same six-step synthetic run, with and without --by step."""
+    folder = tmp_path_factory.mktemp("reports")
+    return _report(folder, "steps", "--by", "step"), _report(folder, "flat")
+
+
+def test_library_check_takes_one_rule_and_one_path_as_given(two_reports: tuple[Path, Path]) -> None:
+    import mismatch_cli
+
+    steps, _ = two_reports
+    # a single string was iterated letter by letter: "cannot parse rule 'a'", "no such file: /"
+    run = mismatch_cli.check(steps, "max(step:abs(kl))<=1")
+    assert run.exit_code == 0 and [o.rule.text for o in run.result.outcomes] == ["max(step:abs(kl))<=1"]
+    assert mismatch_cli.check(str(steps), ["abs(kl)<=1"]).exit_code == 0
+    assert mismatch_cli.compare(steps, steps).exit_code == 0  # a pathlib.Path raised AttributeError
+
+
+@pytest.mark.parametrize(("call", "words"), [
+    (lambda m, p: m.check(p, ["kl<=1"], missing="ignore"), "missing must be one of error, warn, skip"),
+    (lambda m, p: m.check(p, None), "rules must be a list of rule strings"),
+    (lambda m, p: m.check(p, [1]), "rules must be a list of rule strings"),
+    (lambda m, p: m.check(None, ["kl<=1"]), "inputs must be a Report or a list of paths"),
+    (lambda m, p: m.compare(None, p), "base is a NoneType, not a path or a Report"),
+    (lambda m, p: m.compare(p, p, fail_on=["kl:+5%"]), "unknown keyword(s) fail_on"),
+    (lambda m, p: m.compare(p, p, min_difference=[3]), "min_difference must map metrics to amounts"),
+])
+def test_library_gate_refuses_bad_arguments_with_a_usage_error(two_reports: tuple[Path, Path], call, words) -> None:
+    import mismatch_cli
+
+    with pytest.raises(UsageError) as caught:
+        call(mismatch_cli, two_reports[0])
+    assert words in str(caught.value), str(caught.value)
+
+
+def test_min_difference_strings_and_a_metric_given_twice(two_reports: tuple[Path, Path]) -> None:
+    import mismatch_cli
+
+    steps, flat = two_reports
+    result = mismatch_cli.compare(steps, flat, min_difference=["kl=1"])
+    assert next(r for r in result.comparison.rows if r.metric == "rollout_corr/kl").min_difference == 1.0
+    run = mismatch("compare", steps, flat, "--min-difference", "kl=1", "--min-difference", "kl=2")
+    assert_clean_failure(run, 2, "--min-difference", "kl is given twice")
+    run = mismatch("compare", steps, flat, "--min-difference", "kl=1", "--min-difference", "rollout_corr/kl=2")
+    assert_clean_failure(run, 2, "rollout_corr/kl is given twice", "'kl'")
+
+
+def test_missing_report_json_is_named_as_given(tmp_path: Path) -> None:
+    run = mismatch("check", tmp_path / "nope.json", "--fail-on", "abs(kl)<=1")
+    line = assert_clean_failure(run, 3, "nope.json")
+    assert "nope.json/report.json" not in line
