@@ -142,3 +142,24 @@ def test_missing_report_json_is_named_as_given(tmp_path: Path) -> None:
     run = mismatch("check", tmp_path / "nope.json", "--fail-on", "abs(kl)<=1")
     line = assert_clean_failure(run, 3, "nope.json")
     assert "nope.json/report.json" not in line
+
+
+@pytest.mark.parametrize("uri", ["foo://x", "file:///tmp/x.parquet", "http://host/x.parquet"])
+def test_unknown_scheme_is_named_not_called_a_missing_file(uri: str) -> None:
+    run = mismatch("analyze", uri, "-q", timeout=30)
+    assert_clean_failure(run, 2, uri, "unknown scheme", "s3://BUCKET/KEY")
+
+
+def test_gcs_network_failure_is_one_short_line_with_a_gcs_hint() -> None:
+    from mismatch_cli.io.remote import store_error
+
+    # what google-cloud-cpp says without network: its whole retry history, ~1000 characters
+    text = ("google::cloud::Status(UNAVAILABLE: Retry policy exhausted, with a last message of Could not create a "
+            "OAuth2 access token. The underlying error message was: PerformWork() - CURL error [6]=Could not "
+            "resolve hostname error_info={reason=, domain=, metadata={gcloud-cpp.retry.on-entry=false, "
+            + "x" * 800 + "}})")
+    error = store_error(OSError(text), "gs://b/k.parquet")
+    assert error is not None
+    assert "(PerformWork() - CURL error [6]=Could not resolve hostname)" in str(error)
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in error.hint and "AWS_" not in error.hint
+    assert len(str(error)) < 400
