@@ -163,3 +163,25 @@ def test_gcs_network_failure_is_one_short_line_with_a_gcs_hint() -> None:
     assert "(PerformWork() - CURL error [6]=Could not resolve hostname)" in str(error)
     assert "GOOGLE_APPLICATION_CREDENTIALS" in error.hint and "AWS_" not in error.hint
     assert len(str(error)) < 400
+
+
+def test_drift_names_one_bad_step_as_that_step_only(tmp_path: Path) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(11)
+    steps, rows, width = 6, 20, 16
+    rollout = -rng.exponential(0.5, size=(steps * rows, width))
+    old = rollout + rng.normal(0, 0.01, size=rollout.shape)
+    bad = 2 * rows  # the first row of step 2: one token with a ratio of e^9, so chi2_token breaks there only
+    rollout[bad, 0], old[bad, 0] = -10.0, -1.0
+    table = pa.table({"old_log_probs": pa.array(old.tolist()), "rollout_log_probs": pa.array(rollout.tolist()),
+                      "response_mask": pa.array(np.ones_like(old, dtype=np.int8).tolist()),
+                      "step": pa.array(np.repeat(np.arange(steps), rows))})
+    pq.write_table(table, tmp_path / "run.parquet")
+    run = mismatch("analyze", tmp_path / "run.parquet", "--by", "step", "--bootstrap", "0", env={"COLUMNS": "200"})
+    assert run.code == 0, run.stderr
+    line = next(line for line in run.stdout.splitlines() if line.strip().startswith("chi2_token:"))
+    assert "out of band at step 2 only (1 of 6 steps)" in line, run.stdout
+    assert "1 steps" not in run.stdout and "from step 2" not in line
