@@ -19,7 +19,7 @@ from mismatch_cli.comparison import (
     parse_min_differences,
 )
 from mismatch_cli.correction import CorrectionConfig
-from mismatch_cli.errors import MismatchError, UsageError
+from mismatch_cli.errors import MismatchError, MissingGroupError, UsageError
 from mismatch_cli.report import Report
 from mismatch_cli.thresholds import (
     MISSING_POLICIES,
@@ -138,9 +138,20 @@ def _analyzer(options: dict[str, Any], rules: list[Rule]) -> Callable[[list[str]
     from mismatch_cli.api import analyze
 
     by_step, columns = grouping_for(rules)
-    group_by = [*options.pop("group_by", ()), *(["step"] if by_step or options.pop("by_step", False) else []),
-                *columns]
-    return functools.partial(analyze, group_by=tuple(dict.fromkeys(group_by)), **options)
+    given = list(options.pop("group_by", ()))
+    group_by = [*given, *(["step"] if by_step or options.pop("by_step", False) else []), *columns]
+    run = functools.partial(analyze, group_by=tuple(dict.fromkeys(group_by)), **options)
+
+    def analyze_for_rules(paths: list[str]) -> Report:
+        try:
+            return run(paths)
+        except MissingGroupError as exc:  # the column came from a rule, not from --by: say which rule
+            if exc.column in given:
+                raise
+            rule = next((r.text for r in rules if r.scope == exc.column), None)
+            raise (exc.asked_by(f"the rule {rule}") if rule else exc) from None
+
+    return analyze_for_rules
 
 
 def _side(side: Side, analyze: Callable[[list[str]], Report], label: str | None) -> Sided:

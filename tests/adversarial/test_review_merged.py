@@ -185,3 +185,14 @@ def test_drift_names_one_bad_step_as_that_step_only(tmp_path: Path) -> None:
     line = next(line for line in run.stdout.splitlines() if line.strip().startswith("chi2_token:"))
     assert "out of band at step 2 only (1 of 6 steps)" in line, run.stdout
     assert "1 steps" not in run.stdout and "from step 2" not in line
+
+
+def test_a_rule_over_a_column_the_dump_lacks_names_the_rule(tmp_path: Path) -> None:
+    dump = tmp_path / "run.parquet"
+    assert mismatch("synth", dump, "--tokens", "5000", "-q").code == 0
+    rule = "every(env_name:abs(kl))<=0.01"
+    run = mismatch("check", dump, "--fail-on", rule, "--bootstrap", "0")
+    line = assert_clean_failure(run, 3, "'env_name'", f"the rule {rule}", "available columns")
+    assert "--by env_name" not in line  # no --by was given: the rule asked for the column
+    run = mismatch("check", dump, "--by", "env_name", "--fail-on", "abs(kl)<=1", "--bootstrap", "0")
+    assert_clean_failure(run, 3, "'env_name'", "--by env_name")
