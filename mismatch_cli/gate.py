@@ -191,6 +191,13 @@ def compare(base: Side, candidate: Side, rules: Sequence[str | Rule] = (), missi
         for side in (base_side, candidate_side):
             if side.from_report:
                 comparison.notes += correction_notes(side.label, side.report, requested)
+    asked = [*(["step"] if analyze_options.get("by_step") else []), *analyze_options.get("group_by", ())]
+    for side in (base_side, candidate_side):
+        made = [*(["step"] if side.report.config.get("by_step") else []), *side.report.config.get("group_by", [])]
+        lacking = [column for column in asked if column not in made]
+        if side.from_report and lacking:  # --by does not re-analyze a report: say so rather than ignore it
+            comparison.notes.append(f"{side.label} is a report made without --by {', '.join(lacking)}; --by does "
+                                    "not apply to a report (re-analyze its dumps with --by)")
     return CompareResult(comparison, base_side, candidate_side)
 
 

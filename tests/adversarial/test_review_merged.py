@@ -196,3 +196,15 @@ def test_a_rule_over_a_column_the_dump_lacks_names_the_rule(tmp_path: Path) -> N
     assert "--by env_name" not in line  # no --by was given: the rule asked for the column
     run = mismatch("check", dump, "--by", "env_name", "--fail-on", "abs(kl)<=1", "--bootstrap", "0")
     assert_clean_failure(run, 3, "'env_name'", "--by env_name")
+
+
+def test_compare_says_by_does_not_apply_to_a_report(two_reports: tuple[Path, Path]) -> None:
+    steps, flat = two_reports
+    run = mismatch("compare", flat, steps, "--by", "step")
+    assert run.code == 0, run.stderr
+    flat_text = " ".join(run.stdout.split())
+    assert flat_text.count("--by does not apply") == 1, run.stdout  # the base only: the candidate has its steps
+    assert (f"note: {flat} is a report made without --by step; --by does not apply to a report (re-analyze its "
+            "dumps with --by)") in flat_text, run.stdout
+    run = mismatch("compare", steps, steps, "--by", "step")
+    assert "--by does not apply" not in " ".join(run.stdout.split())
