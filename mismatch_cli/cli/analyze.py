@@ -122,6 +122,8 @@ def _nonempty_table(report: Report, name: str | None) -> str | None:
         return name
     how = {"steps": "add --by step (the dump needs a step column or step metadata)",
            "groups": "add --by COLUMN (a per-row column such as env_name)"}.get(name, "pick another --table")
+    if name == "steps" and report.config.get("by_step"):  # asked for, but the input has no steps to split by
+        how = "the input has no step column or step metadata, so --by step made no table; pick another --table"
     present = [t for t in TABLES if t != name and len(report.table(t))]
     raise UsageError(f"--table {name}: this report has no {name} table (no row)",
                      hint=f"{how}; tables with rows: {', '.join(present) or 'none'}")
