@@ -22,7 +22,8 @@ def test_csv_table_the_report_lacks_is_refused_and_writes_nothing(tmp_path: Path
     assert_clean_failure(run, 2, "--table groups", "--by COLUMN")
     assert run.stdout == ""
     # --by step on an input without steps: the hint must not say "add --by step" again
-    run = mismatch("analyze", SINGLE, "--by", "step", "--format", "csv", "--table", "steps", "-q")
+    run = mismatch("analyze", ROOT / "sample_data" / "multi_turn.parquet", "--by", "step", "--format", "csv", "--table",
+                   "steps", "-q")
     line = assert_clean_failure(run, 2, "--table steps", "no step column")
     assert "add --by step" not in line
 
