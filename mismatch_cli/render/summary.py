@@ -200,7 +200,8 @@ def _key_metrics(out: Lines, report: Report) -> None:
     keys = [k for k in KEY_METRICS if report.metrics.get(k) is not None and k not in shown][:6]
     if not keys:
         return
-    out.heading("Key metrics (95 % bootstrap interval)")
+    intervals = any(report.intervals.get(key) for key in keys)  # none with --bootstrap 0: do not promise them
+    out.heading("Key metrics (95 % bootstrap interval)" if intervals else "Key metrics")
     name_width = max(len(k.split("/")[-1]) for k in keys)
     for key in keys:
         interval = report.intervals.get(key)

@@ -213,3 +213,11 @@ def test_compare_says_by_does_not_apply_to_a_report(two_reports: tuple[Path, Pat
             "dumps with --by)") in flat_text, run.stdout
     run = mismatch("compare", steps, steps, "--by", "step")
     assert "--by does not apply" not in " ".join(run.stdout.split())
+
+
+def test_key_metrics_promise_no_interval_without_a_bootstrap() -> None:
+    run = mismatch("analyze", SINGLE, "--bootstrap", "0")
+    assert run.code == 0, run.stderr
+    assert "Key metrics\n" in run.stdout and "bootstrap interval" not in run.stdout, run.stdout
+    run = mismatch("analyze", SINGLE, "--bootstrap", "20")
+    assert "Key metrics (95 % bootstrap interval)" in run.stdout, run.stdout
