@@ -221,3 +221,12 @@ def test_key_metrics_promise_no_interval_without_a_bootstrap() -> None:
     assert "Key metrics\n" in run.stdout and "bootstrap interval" not in run.stdout, run.stdout
     run = mismatch("analyze", SINGLE, "--bootstrap", "20")
     assert "Key metrics (95 % bootstrap interval)" in run.stdout, run.stdout
+
+
+def test_relative_scoped_rule_names_the_baseline_table_it_lacks(two_reports: tuple[Path, Path]) -> None:
+    steps, flat = two_reports
+    run = mismatch("check", steps, "--baseline", flat, "--fail-on", "max(step:abs(kl)):+5%")
+    assert run.code == 2, (run.code, run.stderr)  # like a candidate without the table (was 3, "no kl in its table")
+    reason = [line for line in run.stdout.splitlines() if line.startswith("error:")]
+    assert reason == ["error: max(step:abs(kl)):+5%: the baseline has no per-step table (analyze with --by step, on "
+                      "an input that has steps)"], run.stdout
