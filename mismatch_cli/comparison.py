@@ -154,6 +154,10 @@ class Comparison:
         if self.check is not None and self.check.exit_code == 1:
             return f"verdict: FAIL - {len(self.check.breaches)} limit(s) breached ({summary}); " \
                    f"worst: {self.check.breaches[0].message}"
+        if self.check is not None and self.check.exit_code:  # a limit that could not be evaluated (exit 2 / 3)
+            errors = [o for o in self.check.outcomes if o.status == "error"]
+            return f"verdict: ERROR - {len(errors)} limit(s) not evaluated ({summary}); " \
+                   f"{errors[0].rule.text}: {errors[0].message}"
         if worse and better:
             head = "MIXED - candidate changed beyond noise both ways"
         elif worse:
@@ -255,6 +259,7 @@ def resolve_min_differences(overrides: Mapping[str, float | str | None] | None =
                             origin: str = "min_difference") -> dict[str, tuple[float, bool] | None]:
     """The caller's minimal practical differences by registered key (and its older-family aliases), validated."""
     resolved: dict[str, tuple[float, bool] | None] = {}
+    named: dict[str, str] = {}
     for name, value in (overrides or {}).items():
         key = resolve_name(name)
         if key is None:
@@ -262,6 +267,10 @@ def resolve_min_differences(overrides: Mapping[str, float | str | None] | None =
             tail = f"did you mean {', '.join(close)}?" if close else "run `mismatch metrics` to list the metrics"
             raise UsageError(f"{origin}: unknown metric {name!r}", hint=tail)
         difference = _difference(value, f"{origin} of {name}")
+        if key in named:  # `kl=1e-4` and `rollout_corr/kl=1e-3`: which one was meant?
+            raise UsageError(f"{origin}: {key} is given twice ({named[key]!r} and {name!r})",
+                             hint="give each metric once")
+        named[key] = name
         for target in (key, *aliases_of(key)):
             resolved[target] = difference
     return resolved
@@ -274,6 +283,9 @@ def parse_min_differences(texts: list[str], origin: str = "--min-difference") ->
         name, sep, value = text.partition("=")
         if not sep or not name.strip() or not value.strip():
             raise UsageError(f"{origin}: cannot read {text!r}", hint=DIFFERENCE_HINT)
+        if name.strip() in parsed:
+            raise UsageError(f"{origin}: {name.strip()} is given twice ({parsed[name.strip()]} and {value.strip()})",
+                             hint="give each metric once")
         parsed[name.strip()] = value.strip()
     resolve_min_differences(parsed, origin)  # refuse bad names and amounts before any input is read
     return parsed
@@ -361,7 +373,7 @@ def is_report_path(arg: str) -> bool:
 def load_side(arg: str, analyze: Callable[[list[str]], Report]) -> tuple[Report, bool]:
     """A side's report: read back from report.json, or analyzed from its dumps; and whether it was a report."""
     if is_report_path(arg):
-        path = arg if os.path.isfile(arg) else os.path.join(arg, "report.json")
+        path = os.path.join(arg, "report.json") if os.path.isdir(arg) else arg  # a missing x.json is named as given
         return Report.load(path), True
     return analyze([arg]), False
 

@@ -69,10 +69,14 @@ def as_array(value: Any, role: str) -> np.ndarray:
             value = value.float()  # numpy has no bfloat16; float32 holds both exactly
         value = value.cpu().numpy()
     try:
-        return np.asarray(value)
+        array = np.asarray(value)
     except (TypeError, ValueError) as exc:
         raise InputError(f"write_dump: {role} is not an array ({type(value).__name__}: {exc})",
                          hint=f"pass {role} as a [B, T] torch tensor or numpy array") from None
+    if array.ndim == 0 and array.dtype.kind not in "biuf":  # a string, a dict, None: not a tensor at all
+        raise InputError(f"write_dump: {role} is a {type(value).__name__}, not an array",
+                         hint=f"pass {role} as a [B, T] torch tensor or numpy array")
+    return array
 
 
 def _check(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray) -> None:
@@ -99,7 +103,7 @@ def _check(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray) -> None:
     bad = ~((mask == 0) | (mask == 1))
     if bad.any():
         row, position = (int(i) for i in np.argwhere(bad)[0])
-        raise DataError(f"write_dump: response_mask row {row} position {position} is {mask[row, position]!r}, "
+        raise DataError(f"write_dump: response_mask row {row} position {position} is {mask[row, position].item()!r}, "
                         "not 0 or 1", hint="pass the 0/1 mask itself, not loss weights")
 
 
@@ -110,8 +114,8 @@ def _step(step: Any, meta: Mapping[str, Any]) -> int | None:
         return None
     if hasattr(step, "item"):
         step = step.item()
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
-        raise UsageError(f"write_dump: step must be an integer, got {step!r}",
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise UsageError(f"write_dump: step must be an integer >= 0, got {step!r}",
                          hint="pass step=self.global_steps (or leave it out)")
     return int(step)
 
@@ -131,7 +135,7 @@ def _labels(values: Any, name: str, rows: int) -> Any:
 def _target(path: str | os.PathLike, step: int | None) -> Path:
     """The file to write: `path` itself for a .parquet name, else a numbered file inside the folder `path`."""
     target = Path(path)
-    if target.suffix == ".parquet":
+    if target.suffix == ".parquet" and not target.is_dir():
         return target
     if target.exists() and not target.is_dir():
         raise UsageError(f"write_dump: {target} exists and is neither a folder nor a .parquet file",
@@ -191,6 +195,9 @@ def write_dump(
         columns["step"] = pa.array(np.full(rows, number, dtype=np.int64))
     if uid is not None:
         columns["uid"] = _labels(uid, "uid", rows)
+    if groups is not None and not isinstance(groups, Mapping):
+        raise UsageError(f"write_dump: groups is a {type(groups).__name__}, not a mapping",
+                         hint="pass groups={'env_name': [one label per row]}")
     for name, values in (groups or {}).items():
         if name in columns:
             raise UsageError(f"write_dump: group column {name!r} clashes with a column of the layout",

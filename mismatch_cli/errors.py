@@ -33,6 +33,20 @@ class InputError(MismatchError):
     exit_code = 3
 
 
+class MissingGroupError(InputError):
+    """An input lacks the column a `--by COLUMN` (or a rule over COLUMN) groups by (exit 3)."""
+
+    def __init__(self, column: str, source: str, available: str, noun: str = "column", asked_by: str = "") -> None:
+        self.column, self.source, self.available, self.noun = column, source, available, noun
+        asked_by = asked_by or f"--by {column}"
+        super().__init__(f"no {noun} {column!r} (asked for by {asked_by}) in {source}; available {noun}s: {available}",
+                         hint=f"use one of the available {noun}s, or drop {asked_by}")
+
+    def asked_by(self, what: str) -> MissingGroupError:
+        """The same error, naming what asked for the column (a rule rather than a flag)."""
+        return MissingGroupError(self.column, self.source, self.available, self.noun, what)
+
+
 class DataError(InputError):
     """The data itself cannot be analyzed, e.g. no valid token at all (exit 3)."""
 

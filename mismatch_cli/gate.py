@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import functools
+import inspect
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mismatch_cli.comparison import Comparison, compare_reports, correction_notes, is_report_path, load_side
+from mismatch_cli.comparison import (
+    Comparison,
+    compare_reports,
+    correction_notes,
+    is_report_path,
+    load_side,
+    parse_min_differences,
+)
 from mismatch_cli.correction import CorrectionConfig
-from mismatch_cli.errors import MismatchError, UsageError
+from mismatch_cli.errors import MismatchError, MissingGroupError, UsageError
 from mismatch_cli.report import Report
 from mismatch_cli.thresholds import (
+    MISSING_POLICIES,
     CheckConfig,
     CheckResult,
     Outcome,
@@ -24,7 +34,7 @@ from mismatch_cli.thresholds import (
     require_baseline,
 )
 
-Side = str | Report  # a dump, a folder or glob of dumps, a report.json path, or a Report already made
+Side = str | os.PathLike | Report  # a dump, a folder or glob of dumps, a report.json path, or a Report
 
 
 @dataclass
@@ -90,8 +100,37 @@ def gather_rules(rules: Sequence[str | Rule] = (), config: str | Path | None = N
                  missing: str | None = None) -> tuple[CheckConfig, list[Rule], str]:
     """The `[check]` table of a TOML file, its rules followed by the given ones, and the missing-metric policy."""
     table = load_check_config(Path(config) if config is not None else None)
+    if isinstance(rules, (str, Rule)):  # one rule, not a sequence of one-letter rules
+        rules = [rules]
+    if rules is None or not isinstance(rules, Sequence) or not all(isinstance(r, (str, Rule)) for r in rules):
+        raise UsageError(f"rules must be a list of rule strings, got {rules!r}",
+                         hint="pass rules=['abs(kl)<=1e-3', 'max(step:abs(kl))<=1e-3']")
+    if missing is not None and missing not in MISSING_POLICIES:
+        raise UsageError(f"missing must be one of {', '.join(MISSING_POLICIES)}, got {missing!r}",
+                         hint="pass missing='error' (the default), 'warn' or 'skip'")
     given = [rule if isinstance(rule, Rule) else parse_rule(rule) for rule in rules]
     return table, table.rules + given, missing or table.missing or "error"
+
+
+def _known_options(options: Mapping[str, Any]) -> None:
+    """Refuse a keyword `analyze` does not take (a misspelt one would otherwise be ignored without a word)."""
+    from mismatch_cli.api import analyze
+
+    known = set(inspect.signature(analyze).parameters) - {"paths", "correction"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise UsageError(f"unknown keyword(s) {', '.join(unknown)}",
+                         hint=f"rules go in rules=[...]; analyze options are {', '.join(sorted(known))}")
+
+
+def _path_or_report(side: Any, what: str) -> Side:
+    """A side as given: a Report, or a path (str or os.PathLike) to a dump, folder, glob or report.json."""
+    if isinstance(side, (Report, str)):
+        return side
+    if isinstance(side, os.PathLike):
+        return os.fspath(side)
+    raise UsageError(f"{what} is a {type(side).__name__}, not a path or a Report",
+                     hint=f"pass {what} as a path (dump, folder, glob or report.json) or a Report")
 
 
 def _analyzer(options: dict[str, Any], rules: list[Rule]) -> Callable[[list[str]], Report]:
@@ -99,9 +138,20 @@ def _analyzer(options: dict[str, Any], rules: list[Rule]) -> Callable[[list[str]
     from mismatch_cli.api import analyze
 
     by_step, columns = grouping_for(rules)
-    group_by = [*options.pop("group_by", ()), *(["step"] if by_step or options.pop("by_step", False) else []),
-                *columns]
-    return functools.partial(analyze, group_by=tuple(dict.fromkeys(group_by)), **options)
+    given = list(options.pop("group_by", ()))
+    group_by = [*given, *(["step"] if by_step or options.pop("by_step", False) else []), *columns]
+    run = functools.partial(analyze, group_by=tuple(dict.fromkeys(group_by)), **options)
+
+    def analyze_for_rules(paths: list[str]) -> Report:
+        try:
+            return run(paths)
+        except MissingGroupError as exc:  # the column came from a rule, not from --by: say which rule
+            if exc.column in given:
+                raise
+            rule = next((r.text for r in rules if r.scope == exc.column), None)
+            raise (exc.asked_by(f"the rule {rule}") if rule else exc) from None
+
+    return analyze_for_rules
 
 
 def _side(side: Side, analyze: Callable[[list[str]], Report], label: str | None) -> Sided:
@@ -113,14 +163,24 @@ def _side(side: Side, analyze: Callable[[list[str]], Report], label: str | None)
 
 def compare(base: Side, candidate: Side, rules: Sequence[str | Rule] = (), missing: str = "error",
             correction: CorrectionConfig | None = None, config: str | Path | None = None,
-            labels: tuple[str, str] | None = None, min_difference: Mapping[str, float | str | None] | None = None,
+            labels: tuple[str, str] | None = None,
+            min_difference: Mapping[str, float | str | None] | Sequence[str] | None = None,
             **analyze_options: Any) -> CompareResult:
     """Compare two runs (dumps or reports) as `mismatch compare` does; BASE is the reference and the baseline.
 
     `min_difference` overrides the registry's minimal practical difference per metric (a number in the
-    metric's unit, "N%" of the base, or None for any change).
+    metric's unit, "N%" of the base, or None for any change; or `METRIC=AMOUNT` strings as on the command line).
     """
+    base, candidate = _path_or_report(base, "base"), _path_or_report(candidate, "candidate")
+    _known_options(analyze_options)
     _, rule_list, policy = gather_rules(rules, config, missing)
+    if min_difference is not None and not isinstance(min_difference, Mapping):
+        if isinstance(min_difference, str) or not isinstance(min_difference, Sequence):
+            min_difference = [min_difference]  # type: ignore[list-item]
+        if not all(isinstance(text, str) for text in min_difference):
+            raise UsageError(f"min_difference must map metrics to amounts, got {min_difference!r}",
+                             hint="pass min_difference={'kl': 1e-4, 'chi2_token': '5%'} (or 'kl=1e-4' strings)")
+        min_difference = parse_min_differences(list(min_difference), "min_difference")
     analyze = _analyzer({"correction": correction, **analyze_options}, rule_list)
     base_side = _side(base, analyze, labels[0] if labels else None)
     candidate_side = _side(candidate, analyze, labels[1] if labels else None)
@@ -131,14 +191,31 @@ def compare(base: Side, candidate: Side, rules: Sequence[str | Rule] = (), missi
         for side in (base_side, candidate_side):
             if side.from_report:
                 comparison.notes += correction_notes(side.label, side.report, requested)
+    asked = [*(["step"] if analyze_options.get("by_step") else []), *analyze_options.get("group_by", ())]
+    for side in (base_side, candidate_side):
+        made = [*(["step"] if side.report.config.get("by_step") else []), *side.report.config.get("group_by", [])]
+        lacking = [column for column in asked if column not in made]
+        if side.from_report and lacking:  # --by does not re-analyze a report: say so rather than ignore it
+            comparison.notes.append(f"{side.label} is a report made without --by {', '.join(lacking)}; --by does "
+                                    "not apply to a report (re-analyze its dumps with --by)")
     return CompareResult(comparison, base_side, candidate_side)
 
 
-def check(inputs: Sequence[str] | Report, rules: Sequence[str | Rule] = (), baseline: Side | None = None,
+def check(inputs: Sequence[str | os.PathLike] | str | os.PathLike | Report, rules: Sequence[str | Rule] = (),
+          baseline: Side | None = None,
           missing: str | None = None, correction: CorrectionConfig | None = None, config: str | Path | None = None,
           **analyze_options: Any) -> CheckRun:
     """Hold dumps (or one report) to rules as `mismatch check` does, against an optional baseline report."""
+    if isinstance(inputs, (str, os.PathLike)):  # one path, not a sequence of one-letter paths
+        inputs = [os.fspath(inputs)]
+    if not isinstance(inputs, Report) and (not isinstance(inputs, Sequence) or not inputs or not all(
+            isinstance(item, (str, os.PathLike)) for item in inputs)):
+        raise UsageError(f"inputs must be a Report or a list of paths, got {inputs!r}",
+                         hint="pass inputs=['dumps/'] (dumps, folders, globs or one report.json) or a Report")
+    inputs = inputs if isinstance(inputs, Report) else [os.fspath(item) for item in inputs]
+    _known_options(analyze_options)
     table, rule_list, policy = gather_rules(rules, config, missing)
+    baseline = _path_or_report(baseline, "baseline") if baseline is not None else None
     baseline = baseline if baseline is not None else table.baseline
     if not rule_list:
         raise UsageError("no rules to check", hint="pass --fail-on RULE or a --config with a [check] table")

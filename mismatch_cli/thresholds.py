@@ -234,8 +234,11 @@ def _evaluate_scoped(rule: Rule, candidate: Report, baseline: Report | None, mis
             if baseline is None:
                 return Outcome(rule, "error", key, value=value, message=f"{rule.text} needs --baseline",
                                exit_code=2)
-            base_defined = [e for e in entries(scope_rows(baseline, scope), key, rule.magnitude)
-                            if e.value is not None]
+            base_rows = scope_rows(baseline, scope)
+            if not base_rows:  # no table at all, not a missing metric: say which --by the baseline lacks
+                return _missing(rule, missing, missing_scope(baseline, scope).replace("the report", "the baseline", 1),
+                                2)
+            base_defined = [e for e in entries(base_rows, key, rule.magnitude) if e.value is not None]
             if not base_defined:
                 return _missing(rule, missing, f"the baseline has no {key} in its per-{scope} table", 3)
             base = reduce(rule.aggregate or "", base_defined)[0]

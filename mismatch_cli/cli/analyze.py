@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -26,6 +26,9 @@ from mismatch_cli.cli.options import (
     parse_by,
     read_options,
 )
+
+if TYPE_CHECKING:
+    from mismatch_cli.report import Report
 
 
 @app.command()
@@ -84,7 +87,8 @@ def analyze(
     if output_format is ReportFormat.csv:
         from mismatch_cli.render.csv import default_csv_table, render_csv
 
-        rendered = Rendered.text_only(render_csv(report, table_name or default_csv_table(report)))
+        rendered = Rendered.text_only(render_csv(report, _nonempty_table(report, table_name)
+                                                 or default_csv_table(report)))
     else:
         rendered = Rendered(OutputFormat(output_format.value), report.to_json, lambda: render_markdown(report),
                             (lambda console: render_tables(report, console, warnings=not quiet)) if full
@@ -107,3 +111,19 @@ def analyze(
     if output_format is not ReportFormat.table or to_file(output):
         note(quiet, *(f"warning: {warning}" for warning in report.warnings))
     note(quiet, *written, *([f"wrote {output}"] if to_file(output) else []))
+
+
+def _nonempty_table(report: Report, name: str | None) -> str | None:
+    """`--table NAME`, refused when the report holds no row of it (an empty CSV would pass for a result)."""
+    from mismatch_cli.errors import UsageError
+    from mismatch_cli.report import TABLES
+
+    if name is None or len(report.table(name)):
+        return name
+    how = {"steps": "add --by step (the dump needs a step column or step metadata)",
+           "groups": "add --by COLUMN (a per-row column such as env_name)"}.get(name, "pick another --table")
+    if name == "steps" and report.config.get("by_step"):  # asked for, but the input has no steps to split by
+        how = "the input has no step column or step metadata, so --by step made no table; pick another --table"
+    present = [t for t in TABLES if t != name and len(report.table(t))]
+    raise UsageError(f"--table {name}: this report has no {name} table (no row)",
+                     hint=f"{how}; tables with rows: {', '.join(present) or 'none'}")

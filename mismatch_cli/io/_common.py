@@ -176,13 +176,10 @@ def check_lengths(
 
 def missing_group(column: str, source: str, available: list[str], noun: str = "column") -> InputError:
     """The error for a `--by COLUMN` that the file does not have."""
+    from ..errors import MissingGroupError
     from .aliases import format_available
 
-    return InputError(
-        f"no {noun} {column!r} (asked for by --by {column}) in {source}; available {noun}s: "
-        f"{format_available(available)}",
-        hint=f"group by one of the available {noun}s, or drop --by {column}",
-    )
+    return MissingGroupError(column, source, format_available(available), noun)
 
 
 def group_labels(values: np.ndarray, where: str = "", first_row: int = 0) -> np.ndarray:

@@ -175,6 +175,10 @@ def _expand(arg: str, forced: str | None) -> list[tuple[str, str]]:
                 hint="check the pattern (quote it so the shell does not expand it; use ** for subfolders)",
             )
         return matches
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", arg)
+    if scheme is not None:  # http://, file://, a typo such as s4://: not a local path that happens to be missing
+        raise UsageError(f"cannot read {arg}: unknown scheme {scheme.group(1)}://",
+                         hint="use s3://BUCKET/KEY, gs://BUCKET/KEY or a local path (for file:// drop the scheme)")
     raise InputError(f"no such file or directory: {arg}", hint="check the path")
 
 

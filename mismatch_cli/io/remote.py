@@ -25,6 +25,8 @@ STREAMABLE = frozenset({"parquet", "safetensors"})
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 20.0  # a transfer stalled this long is abandoned
 ATTEMPTS = 3
+GCS_RETRY_S = 5.0  # google-cloud-cpp retries a failing call this long (plus backoff): unreachable fails in ~10 s
+DETAIL_CHARS = 200
 _EXTENSIONS = {".parquet": "parquet", ".safetensors": "safetensors", ".pt": "slime", ".pth": "slime",
                ".jsonl": "jsonl"}
 _GLOB_CHARS = frozenset("*?[")
@@ -83,7 +85,7 @@ def _s3(bucket: str, url: str | None, region: str | None, access_key: str | None
 def _gcs() -> Any:
     from pyarrow.fs import GcsFileSystem
 
-    return GcsFileSystem(retry_time_limit=timedelta(seconds=REQUEST_TIMEOUT_S))
+    return GcsFileSystem(retry_time_limit=timedelta(seconds=GCS_RETRY_S))
 
 
 def remote_error(exc: BaseException, uri: str) -> InputError:
@@ -107,9 +109,12 @@ def store_error(exc: BaseException, uri: str) -> InputError | None:
         return InputError(f"cannot read {uri}: access denied", hint=_CREDENTIALS_HINT)
     if any(word in upper for word in ("NETWORK_CONNECTION", "CURLCODE", "COULD NOT CONNECT", "TIMEOUT",
                                       "COULD NOT RESOLVE", "UNAVAILABLE")):
-        shown = endpoint() or "the default endpoint"
+        if uri.lower().startswith("s3://"):
+            shown, hint = endpoint() or "the default endpoint", "check AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3)"
+        else:
+            shown, hint = "Google Cloud Storage", "check GOOGLE_APPLICATION_CREDENTIALS (or STORAGE_EMULATOR_HOST)"
         return InputError(f"cannot read {uri}: the object store at {shown} did not answer ({_detail(text)})",
-                          hint="check AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3) and the network")
+                          hint=f"{hint} and the network")
     if isinstance(exc, FileNotFoundError) or "NO_SUCH_KEY" in upper:
         return InputError(f"cannot read {uri}: no such object or prefix",
                           hint="check the key (list the bucket with your object-store client)")
@@ -117,8 +122,11 @@ def store_error(exc: BaseException, uri: str) -> InputError | None:
 
 
 def _detail(text: str) -> str:
-    match = re.search(r"Details: (.*)$", text) or re.search(r"AWS Error (.*)$", text)
-    return (match.group(1) if match else text).strip().rstrip(".")
+    """The store's own reason, cut to one short clause (google-cloud-cpp repeats its whole retry history)."""
+    match = (re.search(r"Details: (.*)$", text) or re.search(r"AWS Error (.*)$", text)
+             or re.search(r"underlying error message was: (.*?)(?: error_info=|$)", text))
+    detail = (match.group(1) if match else text).strip().rstrip(".")
+    return detail if len(detail) <= DETAIL_CHARS else detail[:DETAIL_CHARS].rstrip() + "…"
 
 
 def expand_remote(arg: str, forced: str | None) -> list[tuple[str, str, int]]:

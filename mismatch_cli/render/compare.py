@@ -121,6 +121,7 @@ def render_compare_table(comparison: Comparison, console: Console) -> None:
         console.print()
         print_grid(_grid("Limits", ["", "rule", "value", "baseline", "status"], check_cells(comparison),
                          ["fixed", "wrap", "fixed", "fixed", "fixed"]), console)
+        print_reasons(comparison.check, console)
     for note in comparison.notes:
         console.print(f"note: {note}", highlight=False, markup=False)
 
@@ -148,9 +149,15 @@ def render_check_table(result: CheckResult, console: Console, title: str) -> Non
     """Print one row per rule, then why any rule was not evaluated (the verdict is the caller's, on stderr)."""
     rows = [cells[:-1] for cells in outcome_cells(result)]
     print_grid(_grid(title, CHECK_COLUMNS[:-1], rows, ["fixed", "wrap", "fixed", "fixed", "fixed", "fixed"]), console)
+    print_reasons(result, console)
+
+
+def print_reasons(result: CheckResult, console: Console) -> None:
+    """Why each rule was not evaluated (error, warn, skip): one unwrapped line each, as CI logs grep them."""
     for outcome in result.outcomes:
         if outcome.status in ("error", "warn", "skip"):
-            console.print(f"{outcome.status}: {outcome.rule.text}: {outcome.message}", highlight=False, markup=False)
+            console.print(f"{outcome.status}: {outcome.rule.text}: {outcome.message}", highlight=False, markup=False,
+                          soft_wrap=True)
 
 
 def render_check_markdown(result: CheckResult, title: str) -> str:

@@ -166,7 +166,8 @@ def _drift(out: Lines, drift: Mapping[str, Mapping[str, Any]] | None) -> None:
     moving = [(key, entry) for key, entry in drift.items()
               if entry.get("bad_steps") or entry.get("change_point_step") is not None
               or _excludes_zero(entry.get("slope_interval"))]
-    out.heading(f"Drift over steps ({len(drift)} metrics)")
+    out.heading(f"Drift over steps ({len(moving)} of {len(drift)} metrics move)" if moving else
+                f"Drift over steps ({len(drift)} metrics)")
     if not moving:
         out.add("no metric trends, shifts or leaves its band over the steps", indent=2)
         return
@@ -175,8 +176,11 @@ def _drift(out: Lines, drift: Mapping[str, Mapping[str, Any]] | None) -> None:
         text = f"{key.split('/')[-1]}: {format_value(entry['slope'])} per step " \
                f"[{format_value(low)}, {format_value(high)}]"
         if entry.get("first_out_of_band_step") is not None:
-            text += f"; out of band from step {entry['first_out_of_band_step']}" \
-                    f" ({len(entry.get('bad_steps') or [])} steps)"
+            bad, total = len(entry.get("bad_steps") or []), entry.get("steps")
+            of = f" of {total}" if total else ""
+            # one bad step is not a run "from" it on (and "1 steps" is not English)
+            text += (f"; out of band at step {entry['first_out_of_band_step']} only (1{of} steps)" if bad == 1 else
+                     f"; out of band from step {entry['first_out_of_band_step']} ({bad}{of} steps)")
         if entry.get("change_point_step") is not None:
             text += f"; level shift at step {entry['change_point_step']}"
         out.add(text, indent=2, hang=4)
@@ -196,7 +200,8 @@ def _key_metrics(out: Lines, report: Report) -> None:
     keys = [k for k in KEY_METRICS if report.metrics.get(k) is not None and k not in shown][:6]
     if not keys:
         return
-    out.heading("Key metrics (95 % bootstrap interval)")
+    intervals = any(report.intervals.get(key) for key in keys)  # none with --bootstrap 0: do not promise them
+    out.heading("Key metrics (95 % bootstrap interval)" if intervals else "Key metrics")
     name_width = max(len(k.split("/")[-1]) for k in keys)
     for key in keys:
         interval = report.intervals.get(key)
