@@ -13,8 +13,9 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from mismatch_cli.findings.model import percent
 from mismatch_cli.metrics import lookup
-from mismatch_cli.render.cells import format_percent, format_value
+from mismatch_cli.render.cells import format_value
 from mismatch_cli.report import Report
 
 # The metrics shown under "Key metrics", when present, in this order (the health checks come first).
@@ -124,9 +125,9 @@ def _findings(out: Lines, findings: list[Mapping[str, Any]], causes: bool) -> No
 def _cost(cost: Mapping[str, Any]) -> str:
     parts = []
     if cost.get("truncated_token_fraction"):
-        parts.append(f"truncates {format_percent(cost['truncated_token_fraction'])} of tokens")
-    parts.append(f"drops {format_percent(cost.get('masked_token_fraction') or 0.0)} of tokens and "
-                 f"{format_percent(cost.get('masked_sequence_fraction') or 0.0)} of sequences")
+        parts.append(f"truncates {percent(cost['truncated_token_fraction'])} of tokens")
+    parts.append(f"drops {percent(cost.get('masked_token_fraction') or 0.0)} of tokens and "
+                 f"{percent(cost.get('masked_sequence_fraction') or 0.0)} of sequences")
     if cost.get("ess") is not None:
         parts.append(f"ESS after {format_value(cost['ess'])}")
     return "; ".join(parts)
