@@ -119,3 +119,10 @@ def test_a_zero_filled_rollout_side_is_named(tmp_path: Path) -> None:
     text = screen(path, "--bootstrap", "0")
     section = text[text.index("Dump checks"):]
     assert "none found" not in section.splitlines()[1] and "0.0" in " ".join(section.split())
+
+
+def test_the_readme_shows_the_real_first_screen() -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("`mismatch analyze sample_data/multi_turn.parquet`):\n\n```\n", 1)[1].split("\n...\n```", 1)[0]
+    shown = block.splitlines()
+    assert shown == screen(SAMPLE, "--bootstrap", "0").splitlines()[:len(shown)]
