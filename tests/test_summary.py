@@ -121,8 +121,9 @@ def test_a_zero_filled_rollout_side_is_named(tmp_path: Path) -> None:
     assert "none found" not in section.splitlines()[1] and "0.0" in " ".join(section.split())
 
 
-def test_the_readme_shows_the_real_first_screen() -> None:
+def test_the_readme_shows_the_real_first_screen(monkeypatch) -> None:
+    monkeypatch.chdir(ROOT)  # the README runs it from the repository root, with a relative path
     readme = (ROOT / "README.md").read_text()
     block = readme.split("`mismatch analyze sample_data/multi_turn.parquet`):\n\n```\n", 1)[1].split("\n...\n```", 1)[0]
     shown = block.splitlines()
-    assert shown == screen(SAMPLE, "--bootstrap", "0").splitlines()[:len(shown)]
+    assert shown == screen("sample_data/multi_turn.parquet", "--bootstrap", "0").splitlines()[:len(shown)]
