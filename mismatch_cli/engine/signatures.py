@@ -92,8 +92,8 @@ class SignaturesAccumulator(Accumulator):
         if n == 0:
             return
         magnitude = chunk.abs_log_ratio
-        s.add("k3", chunk.k3)
-        s.add("k1", -total(chunk.log_ratio))  # k1 = rollout - old; negation is exact, so is the negated sum
+        s.add("k3", chunk.total(chunk.k3))
+        s.add("k1", -chunk.total(chunk.log_ratio))  # k1 = rollout - old; negation is exact, so is the negated sum
         s.add("pairs", float(n) - total(chunk.row_valid))  # pairs (t, t+1) in one row: N minus non-empty rows
         if chunk.old.device.type == "cpu":
             self._host_sums(chunk)
@@ -142,8 +142,8 @@ class SignaturesAccumulator(Accumulator):
             s.add(f"fill_{name}", np.count_nonzero(np.logical_and(own, far, out=own)))
         work = scratch("signatures_values", n + 1, chunk.old.dtype, cpu)
         values = work.numpy()
-        s.add("x", chunk.old)
-        s.add("y", chunk.rollout)
+        s.add("x", chunk.total(chunk.old))
+        s.add("y", chunk.total(chunk.rollout))
         for name, left, right in (("xx", old, old), ("yy", rollout, rollout), ("xy", old, rollout)):
             s.add(name, torch.from_numpy(np.multiply(left, right, out=values[:n])))
         delta = chunk.log_ratio.numpy()
