@@ -11,7 +11,7 @@ sees them):
       diagnostics are always on),
   (d) a padded [B, T] torch reference computing verl's off-policy metrics the way a trainer does
       (skipped above --padded-limit tokens: it needs ~180 bytes per token).
-It prints wall time, tokens/s, peak RSS and the ratios (b)/(a), (c)/(a) as a Markdown table.
+It prints wall time, tokens/s, peak RSS, CPU time and the ratios (b)/(a), (c)/(a) as a Markdown table.
 A benchmark, not a test.
 """
 
@@ -59,15 +59,15 @@ print(float(kl), float(k3), float(chi2), float(torch.exp(-row).mean()))
 FULL = ["--is", "token", "--is-threshold", "2.0", "--rs", "seq_mean_k1,token_k3", "--rs-threshold", "0.999_1.001,0.5"]
 
 
-def measure(command: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of one child process."""
+def measure(command: list[str]) -> tuple[float, float, float]:
+    """Wall seconds, peak RSS (MiB) and CPU seconds (user + system) of one child process."""
     start = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(process.pid, 0)
     elapsed = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"failed: {' '.join(command)}\n{process.stderr.read().decode() if process.stderr else ''}")
-    return elapsed, usage.ru_maxrss / 1024
+    return elapsed, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
 def make_dump(path: Path, tokens: int, turns: int) -> None:
@@ -102,24 +102,27 @@ def main() -> None:
             if tokens <= args.padded_limit:
                 runs["d"] = [python, "-c", PADDED, str(dump)]
             measure(runs["a"])  # warm the page cache
-            results: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
+            results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in runs}
             for _ in range(args.repeats):
                 for key, command in runs.items():
                     results[key].append(measure(command))
-            wall = {k: statistics.median(t for t, _ in v) for k, v in results.items()}
-            rss = {k: max(r for _, r in v) for k, v in results.items()}
-            rows.append((tokens, turns, wall, rss))
+            wall = {k: statistics.median(t for t, _, _ in v) for k, v in results.items()}
+            rss = {k: max(r for _, r, _ in v) for k, v in results.items()}
+            # CPU time (median): less sensitive than wall time to other jobs on a shared machine.
+            cpu = {k: statistics.median(c for _, _, c in v) for k, v in results.items()}
+            rows.append((tokens, turns, wall, rss, cpu))
             print(f"{tokens / 1e6:.0f}M tokens, {turns} turn(s): " + ", ".join(
-                f"{k} {wall[k]:.2f} s / {rss[k]:.0f} MiB" for k in wall), flush=True)
+                f"{k} {wall[k]:.2f} s wall {cpu[k]:.2f} s CPU / {rss[k]:.0f} MiB" for k in wall), flush=True)
     print()
     print("| tokens | turns | (a) pyarrow read | (b) analyze | (c) full config | (d) padded torch | (b)/(a) | (c)/(a) "
-          "| peak RSS (b) / (c) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for tokens, turns, wall, rss in rows:
+          "| peak RSS (b) / (c) | CPU s (a) / (b) / (c) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for tokens, turns, wall, rss, cpu in rows:
         padded = f"{wall['d']:.2f} s, {rss['d']:.0f} MiB" if "d" in wall else "skipped (memory)"
         print(f"| {tokens / 1e6:.0f}M | {turns} | {wall['a']:.2f} s ({tokens / wall['a'] / 1e6:.0f} Mtok/s) "
               f"| {wall['b']:.2f} s ({tokens / wall['b'] / 1e6:.0f} Mtok/s) | {wall['c']:.2f} s | {padded} "
-              f"| {wall['b'] / wall['a']:.2f} | {wall['c'] / wall['a']:.2f} | {rss['b']:.0f} / {rss['c']:.0f} MiB |")
+              f"| {wall['b'] / wall['a']:.2f} | {wall['c'] / wall['a']:.2f} | {rss['b']:.0f} / {rss['c']:.0f} MiB "
+              f"| {cpu['a']:.2f} / {cpu['b']:.2f} / {cpu['c']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import torch
 from mismatch_cli.batch import Batch
 from mismatch_cli.correction import SAFETY_BOUND
 from mismatch_cli.engine.formulas import chi2_seq_terms, chi2_token_terms
-from mismatch_cli.engine.ops import count, flag_indices, isfinite, segment_count, segment_max, segment_sum, take
+from mismatch_cli.engine.ops import count, flag_indices, isfinite, segment_count, segment_max, segment_sum, take, total
 from mismatch_cli.engine.segments import Layout, Runs
 from mismatch_cli.engine.state import F64
 
@@ -45,6 +45,7 @@ class Chunk:
     layout: Layout | None = None  # where the valid tokens and rounds sit among the positions (device)
     # Per-row sums already taken, by the id of the per-token tensor (kept alive with it).
     _row_sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
+    _totals: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
 
     @cached_property
     def runs(self) -> Runs:
@@ -133,6 +134,16 @@ class Chunk:
             out = torch.zeros(0, dtype=F64, device=values.device)
         else:
             out = segment_sum(values, self.lengths, dtype=F64)
+        memo[id(values)] = (values, out)
+        return out
+
+    def total(self, values: torch.Tensor) -> torch.Tensor:
+        """ops.total of a per-token tensor, taken once per chunk however many accumulators sum it."""
+        memo = self._totals
+        hit = memo.get(id(values))
+        if hit is not None and hit[0] is values:  # the tensor is kept alive, so its id cannot be reused
+            return hit[1]
+        out = total(values)
         memo[id(values)] = (values, out)
         return out
 

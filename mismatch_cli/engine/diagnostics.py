@@ -17,7 +17,7 @@ import torch
 
 from mismatch_cli.correction import SAFETY_BOUND
 from mismatch_cli.engine.chunk import MAX_CHUNK_POSITIONS, Chunk
-from mismatch_cli.engine.ops import segment_sum
+from mismatch_cli.engine.ops import count, segment_sum
 from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution, finite_or_none
 from mismatch_cli.engine.sketch import NUM_BUCKETS, SHIFT
 from mismatch_cli.engine.state import F64, Reducer
@@ -255,13 +255,18 @@ class DiagnosticsAccumulator(Accumulator):
         s.add("tokens", float(chunk.num_tokens))
         s.add("rows", float(chunk.num_rows))
         s.add("empty_rows", (~chunk.row_valid).sum())
-        s.add("sum_abs", abs_log_ratio)
-        s.add("sum_log_ratio", log_ratio)
+        s.add("sum_abs", chunk.total(abs_log_ratio))
+        s.add("sum_log_ratio", chunk.total(log_ratio))
         n, dtype, device = chunk.num_tokens, log_ratio.dtype, log_ratio.device
-        s.add("negative", torch.lt(log_ratio, 0, out=scratch("flag", n, torch.bool, device)).sum())
+        negative = scratch("flag", n, torch.bool, device)
+        if device.type == "cpu":  # numpy's comparison: ~6x torch's on one thread
+            np.less(log_ratio.numpy(), 0, out=negative.numpy())
+        else:
+            torch.lt(log_ratio, 0, out=negative)
+        s.add("negative", count(negative))
         s.add("sum_exp_abs", _exp(abs_log_ratio, scratch("x", n, dtype, device)))
         s.add("sum_ratio", ratio)
-        s.add("sum_ratio_sq", chunk.ratio_safe_sq)
+        s.add("sum_ratio_sq", chunk.total(chunk.ratio_safe_sq))
         for name in ("nonfinite_tokens", "sentinel_tokens"):
             s.add(name, float(chunk.quality[name]))
         if chunk.num_tokens == 0:

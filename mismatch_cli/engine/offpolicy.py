@@ -6,7 +6,6 @@ import torch
 
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.formulas import chi2
-from mismatch_cli.engine.ops import total
 from mismatch_cli.engine.protocol import VERL_PREFIX, Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.state import Reducer
 
@@ -41,10 +40,10 @@ class OffPolicyAccumulator(Accumulator):
         s.add("tokens", float(chunk.num_tokens))
         s.add("rows", float(chunk.num_rows))
         # kl is MM(rollout - old): the k1 estimate of KL(pi_rollout || pi_train), unclamped.
-        s.add("sum_neg_log_ratio", -total(log_ratio))  # rollout - old == -(old - rollout) exactly
+        s.add("sum_neg_log_ratio", -chunk.total(log_ratio))  # rollout - old == -(old - rollout) exactly
         # k3 uses the unclamped ratio, so a huge log-ratio overflows to inf exactly as in verl.
-        s.add("sum_k3", chunk.k3)
-        s.add("sum_rho_sq", chunk.ratio_safe_sq)
+        s.add("sum_k3", chunk.total(chunk.k3))
+        s.add("sum_rho_sq", chunk.total(chunk.ratio_safe_sq))
         train_mean = chunk.row_mean(chunk.old, exact=self.exact_mask)
         rollout_mean = chunk.row_mean(chunk.rollout, exact=self.exact_mask)
         log_ppl_diff = rollout_mean - train_mean

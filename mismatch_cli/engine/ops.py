@@ -17,6 +17,8 @@ def total(values: torch.Tensor) -> torch.Tensor:
     dump was split into files, row groups or chunks (a float32 partial sum would).
     """
     if not values.is_floating_point():
+        if values.dtype == torch.bool and values.device.type == "cpu":
+            return torch.tensor(float(np.count_nonzero(values.numpy())), dtype=F64)  # ~10x torch's bool sum
         return values.sum().to(F64)  # bool / integer: an exact int64 count
     if values.device.type == "cpu":
         # numpy casts buffer by buffer: no float64 copy of the tokens (torch's sum(dtype=) makes one).

@@ -8,7 +8,6 @@ import numpy as np
 import torch
 
 from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.ops import total
 from mismatch_cli.engine.state import Reducer
 
 
@@ -22,11 +21,11 @@ class PackMismatchBlock:
         """Fold one chunk in."""
         s = self.state
         s.add("tokens", float(chunk.num_tokens))
-        s.add("old", chunk.old)
-        s.add("rollout", chunk.rollout)
-        s.add("neg_log_ratio", -total(chunk.log_ratio))
-        s.add("k3", chunk.k3)
-        s.add("abs", chunk.abs_log_ratio)
+        s.add("old", chunk.total(chunk.old))
+        s.add("rollout", chunk.total(chunk.rollout))
+        s.add("neg_log_ratio", -chunk.total(chunk.log_ratio))
+        s.add("k3", chunk.total(chunk.k3))
+        s.add("abs", chunk.total(chunk.abs_log_ratio))
 
     def merge(self, other: PackMismatchBlock) -> None:
         """Fold another shard in."""

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 
 from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.diagnostics import scratch
+from mismatch_cli.engine.ops import total
 from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution, finite_or_none
 from mismatch_cli.engine.state import F64, Reducer
 
@@ -34,14 +36,6 @@ EXPONENT_BIAS = 127
 FILL_LOG_RATIO = math.log(2.0)
 PENDING = 16  # worst-token candidates kept before one host read resolves them
 SIDES = ("old", "rollout")
-
-
-def _bucket_sums(index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """Float64 sums of `values` per bucket index, [NUM_BUCKETS] (numpy on the CPU: float64 without a copy)."""
-    if values.device.type == "cpu":
-        sums = np.bincount(index.numpy(), weights=values.numpy(), minlength=NUM_BUCKETS)
-        return torch.from_numpy(sums.astype(np.float64, copy=False))
-    return torch.bincount(index, weights=values.to(F64), minlength=NUM_BUCKETS)
 
 
 def bucket_low(index: int) -> float:
@@ -60,6 +54,14 @@ def octaves(magnitude: torch.Tensor) -> torch.Tensor:
         return torch.bitwise_right_shift(magnitude.view(torch.int32), 23).long()
     exponent = torch.bitwise_right_shift(magnitude.view(torch.int64), 52) - (1023 - EXPONENT_BIAS)
     return exponent.clamp_(0, NUM_BUCKETS - 1)
+
+
+def _host_octaves(magnitude: np.ndarray, device: torch.device) -> np.ndarray:
+    """`octaves` of a host array as the int64 index numpy's bincount takes, shifted straight into a work buffer."""
+    if magnitude.dtype != np.float32:
+        return octaves(torch.from_numpy(magnitude)).numpy()
+    out = scratch("signatures_octave", magnitude.size, torch.int64, device).numpy()
+    return np.right_shift(magnitude.view(np.int32), 23, out=out)
 
 
 def _row_starts(chunk: Chunk) -> torch.Tensor:
@@ -89,22 +91,82 @@ class SignaturesAccumulator(Accumulator):
         s.add("tokens", float(n))
         if n == 0:
             return
-        old, rollout, delta, magnitude = chunk.old, chunk.rollout, chunk.log_ratio, chunk.abs_log_ratio
-        index = octaves(magnitude)
-        self.buckets[0] += torch.bincount(index, minlength=NUM_BUCKETS).to(F64)
-        self.buckets[1] += _bucket_sums(index, chunk.ratio_safe_sq)
-        self.buckets[2] += _bucket_sums(index, chunk.ratio_safe)
-        s.add("k3", chunk.k3)
-        s.add("k1", -delta)  # k1 = rollout - old
-        s.add("bitwise_equal", old == rollout)
-        continues = ~_row_starts(chunk)[1:-1]  # [N - 1]: token t + 1 continues token t's row
-        self._fills(chunk, continues)
-        self._moments(old, rollout)
-        self._shift(chunk, continues)
+        magnitude = chunk.abs_log_ratio
+        s.add("k3", chunk.total(chunk.k3))
+        s.add("k1", -chunk.total(chunk.log_ratio))  # k1 = rollout - old; negation is exact, so is the negated sum
+        s.add("pairs", float(n) - total(chunk.row_valid))  # pairs (t, t+1) in one row: N minus non-empty rows
+        if chunk.old.device.type == "cpu":
+            self._host_sums(chunk)
+        else:
+            self._device_sums(chunk)
         self._candidate(chunk, magnitude)
 
-    def _fills(self, chunk: Chunk, continues: torch.Tensor) -> None:
-        old, rollout, s = chunk.old, chunk.rollout, self.state
+    def _host_sums(self, chunk: Chunk) -> None:
+        """Buckets, fills, equality, moments and shift residuals on numpy's kernels, in reused work buffers.
+
+        Pair (t, t+1) lives at index t + 1 of an N + 1 buffer whose row starts are then cleared: a start s
+        breaks pair s - 1, and starts 0 and N land on the two pads, so no per-pair row mask is built.
+        """
+        s, n, cpu = self.state, chunk.num_tokens, chunk.old.device
+        old, rollout = chunk.old.numpy(), chunk.rollout.numpy()
+        magnitude = chunk.abs_log_ratio.numpy()
+        lengths = chunk.lengths.numpy()
+        starts = np.cumsum(lengths) - lengths  # an empty row's start is the next row's (or N)
+        index = _host_octaves(magnitude, cpu)
+        sums = self.buckets
+        for row, weights in enumerate((None, chunk.ratio_safe_sq, chunk.ratio_safe)):
+            found = np.bincount(index, weights=None if weights is None else weights.numpy(), minlength=NUM_BUCKETS)
+            sums[row] += torch.from_numpy(found.astype(np.float64, copy=False))
+
+        def flags(name: str, size: int = n) -> np.ndarray:
+            return scratch(f"signatures_{name}", size, torch.bool, cpu).numpy()
+
+        s.add("bitwise_equal", np.count_nonzero(np.equal(old, rollout, out=flags("equal"))))
+        far = np.greater(magnitude, magnitude.dtype.type(FILL_LOG_RATIO), out=flags("far"))
+        zeros, repeats = [], []
+        for side, values in enumerate((old, rollout)):
+            zeros.append(np.equal(values, 0, out=flags(f"zero{side}")))
+            repeat = flags(f"repeat{side}", n + 1)  # [t]: token t repeats token t - 1 of its row
+            repeat[0] = False
+            np.equal(values[1:], values[:-1], out=repeat[1:n])
+            repeat[starts] = False
+            repeats.append(repeat[:n])
+        own, filled = flags("own"), flags("filled")
+        for side, name in enumerate(SIDES):
+            other = 1 - side
+            np.greater(zeros[side], zeros[other], out=own)  # this side exactly 0.0, the other not
+            np.greater(repeats[side], repeats[other], out=filled)  # this side repeats, the other moves
+            s.add(f"zero_{name}", np.count_nonzero(own))
+            s.add(f"repeat_{name}", np.count_nonzero(filled))
+            np.logical_or(own, filled, out=own)
+            s.add(f"fill_{name}", np.count_nonzero(np.logical_and(own, far, out=own)))
+        work = scratch("signatures_values", n + 1, chunk.old.dtype, cpu)
+        values = work.numpy()
+        s.add("x", chunk.total(chunk.old))
+        s.add("y", chunk.total(chunk.rollout))
+        for name, left, right in (("xx", old, old), ("yy", rollout, rollout), ("xy", old, rollout)):
+            s.add(name, torch.from_numpy(np.multiply(left, right, out=values[:n])))
+        delta = chunk.log_ratio.numpy()
+        for name, left, right in (("aligned", delta[:-1], None), ("forward", old[:-1], rollout[1:]),
+                                  ("backward", old[1:], rollout[:-1])):
+            pair = values[1:n]
+            if right is None:
+                np.multiply(left, left, out=pair)
+            else:
+                np.multiply(np.subtract(left, right, out=pair), pair, out=pair)
+            values[starts] = 0
+            s.add(f"shift_{name}", work[1:n])
+
+    def _device_sums(self, chunk: Chunk) -> None:
+        """The same sums with torch's kernels (any device, no host round trip)."""
+        s = self.state
+        old, rollout = chunk.old, chunk.rollout
+        index = octaves(chunk.abs_log_ratio)
+        self.buckets[0] += torch.bincount(index, minlength=NUM_BUCKETS).to(F64)
+        self.buckets[1] += torch.bincount(index, weights=chunk.ratio_safe_sq.to(F64), minlength=NUM_BUCKETS)
+        self.buckets[2] += torch.bincount(index, weights=chunk.ratio_safe.to(F64), minlength=NUM_BUCKETS)
+        s.add("bitwise_equal", old == rollout)
+        continues = ~_row_starts(chunk)[1:-1]  # [N - 1]: token t + 1 continues token t's row
         far = chunk.abs_log_ratio > FILL_LOG_RATIO
         repeats = []
         for side in (old, rollout):
@@ -118,28 +180,27 @@ class SignaturesAccumulator(Accumulator):
             s.add(f"zero_{name}", zero)
             s.add(f"repeat_{name}", repeat)
             s.add(f"fill_{name}", (zero | repeat) & far)
-
-    def _moments(self, old: torch.Tensor, rollout: torch.Tensor) -> None:
-        s = self.state
         s.add("x", old)
         s.add("y", rollout)
         s.add("xx", old * old)
         s.add("yy", rollout * rollout)
         s.add("xy", old * rollout)
-
-    def _shift(self, chunk: Chunk, continues: torch.Tensor) -> None:
-        """Squared residuals of pairs (t, t+1) inside a row: aligned, rollout one token late, one token early."""
-        old, rollout, s = chunk.old, chunk.rollout, self.state
-        s.add("pairs", continues)
+        # Squared residuals of pairs (t, t+1) inside a row: aligned, rollout one token late, one token early.
         for name, residual in (("aligned", chunk.log_ratio[:-1]), ("forward", old[:-1] - rollout[1:]),
                                ("backward", old[1:] - rollout[:-1])):
             s.add(f"shift_{name}", torch.where(continues, residual * residual, 0.0))
 
     def _candidate(self, chunk: Chunk, magnitude: torch.Tensor) -> None:
         """Keep the chunk's largest |delta| (device scalars) and what places it; resolve every PENDING chunks."""
-        at = torch.argmax(magnitude).reshape(1)
-        values = torch.stack([magnitude.index_select(0, at)[0].to(F64), at[0].to(F64),
-                              chunk.old.index_select(0, at)[0].to(F64), chunk.rollout.index_select(0, at)[0].to(F64)])
+        if magnitude.device.type == "cpu":  # numpy's argmax (the first of equal maxima too) is ~20x torch's
+            token = int(np.argmax(magnitude.numpy()))
+            values = torch.tensor([float(magnitude[token]), float(token), float(chunk.old[token]),
+                                   float(chunk.rollout[token])], dtype=F64)
+        else:
+            at = torch.argmax(magnitude).reshape(1)
+            values = torch.stack([magnitude.index_select(0, at)[0].to(F64), at[0].to(F64),
+                                  chunk.old.index_select(0, at)[0].to(F64),
+                                  chunk.rollout.index_select(0, at)[0].to(F64)])
         # Only the host arrays that place a token (no per-token tensor is kept alive).
         layout = chunk.layout
         meta = {"file": chunk.source, "first_row": chunk.first_row, "offsets": chunk.offsets,

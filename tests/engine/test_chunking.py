@@ -87,3 +87,15 @@ def test_float32_is_close_to_float64_on_a_long_dump() -> None:
     f32 = run([batch], correction, device="cpu", dtype="float32").overall.metrics
     for key, value in f64.items():
         assert abs(f32[key] - value) <= 1e-3 * abs(value) + 1e-5, key
+
+
+def test_chunk_total_is_taken_once_and_in_float64() -> None:
+    old, rollout, mask = random_dump(5, rows=30, width=40)
+    chunk = make_chunk(batch_from_padded(old, rollout, mask), torch.device("cpu"), torch.float32)
+    first = chunk.total(chunk.k3)
+    assert chunk.total(chunk.k3) is first  # every accumulator summing k3 shares the one reduction
+    assert first.dtype == torch.float64
+    exact = sum(sorted(chunk.k3.numpy().astype(np.float64).tolist(), key=abs))
+    assert first.item() == pytest.approx(exact, rel=1e-13)
+    flags = chunk.old == chunk.rollout
+    assert chunk.total(flags).item() == int(np.count_nonzero(flags.numpy()))

@@ -179,3 +179,25 @@ def test_shift_pairs_never_cross_a_row() -> None:
     assert table["pairs"] == 6
     assert table["shift_forward"] == 0.0  # old[t] == rollout[t + 1] within each row
     assert metrics["diag/shift_residual_ratio"] == 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_torch_kernels_give_the_numpy_kernels_sums(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    # The CPU folds with numpy in work buffers, a GPU with torch; run torch's path on the CPU to pin them equal.
+    old, rollout, mask = dump(11)
+    device = torch.device("cpu")
+    chunks = [make_chunk(part, device, dtype) for part in split(batch_from_padded(old, rollout, mask))]
+    host = SignaturesAccumulator(device)
+    for chunk in chunks:
+        host.update(chunk, ChunkDecisions())
+    monkeypatch.setattr(SignaturesAccumulator, "_host_sums", SignaturesAccumulator._device_sums)
+    torch_path = SignaturesAccumulator(device)
+    for chunk in chunks:
+        torch_path.update(chunk, ChunkDecisions())
+    a, b = host.table(), torch_path.table()
+    assert a["zero_old"] + a["repeat_rollout"] + a["fill_old"] > 0  # the dump exercises the fills
+    for key, value in a.items():
+        if isinstance(value, float):
+            assert b[key] == pytest.approx(value, rel=1e-12, abs=1e-15), key
+        else:
+            assert b[key] == value, key
