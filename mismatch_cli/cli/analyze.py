@@ -87,10 +87,10 @@ def analyze(
     if output_format is ReportFormat.csv:
         from mismatch_cli.render.csv import default_csv_table, render_csv
 
-        rendered = Rendered.text_only(render_csv(report, _nonempty_table(report, table_name)
+        rendered = Rendered(render_csv(report, _nonempty_table(report, table_name)
                                                  or default_csv_table(report)))
     else:
-        rendered = Rendered(OutputFormat(output_format.value), report.to_json, lambda: render_markdown(report),
+        rendered = Rendered.of(OutputFormat(output_format.value), report.to_json, lambda: render_markdown(report),
                             (lambda console: render_tables(report, console, warnings=not quiet)) if full
                             else (lambda console: render_summary(report, console, warnings=not quiet)))
     outputs.protect(entry.path for entry in report.inputs)  # files found in input folders

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -40,25 +41,22 @@ def console_text(draw: Callable[[Console], None]) -> str:
     return console.export_text()
 
 
+@dataclass
 class Rendered:
-    """One result in one format: its text (for `-o`) and how to show it on standard output."""
+    """One result in one format: its text (for `-o`) and, for a table, how to draw it on the live terminal."""
 
-    def __init__(self, output_format: OutputFormat, as_json: Callable[[], str], as_markdown: Callable[[], str],
-                 draw: Callable[[Console], None]) -> None:
-        self.draw = draw if output_format is OutputFormat.table else None
-        if output_format is OutputFormat.json:
-            self.text = as_json()
-        elif output_format is OutputFormat.markdown:
-            self.text = as_markdown()
-        else:
-            self.text = console_text(draw)
+    text: str
+    draw: Callable[[Console], None] | None = None
 
     @classmethod
-    def text_only(cls, text: str) -> Rendered:
-        """A result that is plain text in every case (CSV)."""
-        rendered = cls.__new__(cls)
-        rendered.draw, rendered.text = None, text
-        return rendered
+    def of(cls, output_format: OutputFormat, as_json: Callable[[], str], as_markdown: Callable[[], str],
+           draw: Callable[[Console], None]) -> Rendered:
+        """Render in `output_format`: JSON or Markdown text, or a table drawn at 120 columns for `-o`."""
+        if output_format is OutputFormat.json:
+            return cls(as_json())
+        if output_format is OutputFormat.markdown:
+            return cls(as_markdown())
+        return cls(console_text(draw), draw)
 
     def show(self) -> None:
         """Print on standard output: tables on the live terminal (its width, its colours), text as is."""

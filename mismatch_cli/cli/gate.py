@@ -90,7 +90,7 @@ def compare(
                          correction=correction if flags_given else None, config=config, min_difference=practical,
                          **_analyze_options(input_flags, compute, by))
     comparison = result.comparison
-    rendered = Rendered(output_format, lambda: render_compare_json(comparison),
+    rendered = Rendered.of(output_format, lambda: render_compare_json(comparison),
                         lambda: render_compare_markdown(comparison),
                         lambda console: render_compare_table(comparison, console))
     for side in (result.base, result.candidate):
@@ -186,7 +186,7 @@ def check(
         outputs.add(out_dir / "report.json", run.candidate.to_json(), "--out-dir")
     publish(result, run.baseline_label)
     title = f"mismatch check: {label}" + (f" (baseline {run.baseline_label})" if run.baseline_label else "")
-    rendered = Rendered(output_format, lambda: json.dumps(result.to_dict(), indent=2) + "\n",
+    rendered = Rendered.of(output_format, lambda: json.dumps(result.to_dict(), indent=2) + "\n",
                         lambda: render_check_markdown(result, title),
                         lambda console: render_check_table(result, console, title))
     deliver(outputs, output, rendered)

@@ -33,7 +33,7 @@ def presets(
     fields, rows = presets_table(family)
     if not rows:
         note(quiet, f"{family} has no presets: set its fields (see `mismatch analyze --help`)")
-    deliver(outputs, output, Rendered(output_format, lambda: render_presets_json(family, rows),
+    deliver(outputs, output, Rendered.of(output_format, lambda: render_presets_json(family, rows),
                                       lambda: render_presets_markdown(fields, rows),
                                       lambda console: render_presets_table(family, fields, rows, console)))
 
@@ -57,6 +57,6 @@ def metrics_command(
         close = closest(query or "")
         raise UsageError(f"no metric key matches '{query}'",
                          hint=f"did you mean {', '.join(close)}?" if close else "run `mismatch metrics` for all")
-    deliver(outputs, output, Rendered(output_format, lambda: render_metrics_json(chosen),
+    deliver(outputs, output, Rendered.of(output_format, lambda: render_metrics_json(chosen),
                                       lambda: render_metrics_markdown(chosen),
                                       lambda console: render_metrics_table(chosen, console)))
