@@ -79,6 +79,17 @@ class Chunk:
         return self.log_ratio.abs()
 
     @cached_property
+    def worst_token(self) -> torch.Tensor:
+        """Index (a 1-element tensor) of the valid token with the largest |delta|, the first of equal maxima.
+
+        One pass serves the diagnostics' max |delta| and the signatures' worst token. On the CPU numpy's
+        argmax is ~20x torch's; on a device it stays there (no host read).
+        """
+        if self.abs_log_ratio.device.type == "cpu":
+            return torch.tensor([int(np.argmax(self.abs_log_ratio.numpy()))])
+        return torch.argmax(self.abs_log_ratio).reshape(1)
+
+    @cached_property
     def k3(self) -> torch.Tensor:
         """Per-token k3 estimator exp(d) - d - 1 with the unclamped d, as verl's `k3_kl` uses it."""
         return self.ratio - self.log_ratio - 1

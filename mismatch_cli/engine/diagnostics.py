@@ -271,7 +271,7 @@ class DiagnosticsAccumulator(Accumulator):
             s.add(name, float(chunk.quality[name]))
         if chunk.num_tokens == 0:
             return
-        s.max("max_abs", abs_log_ratio.max())
+        s.max("max_abs", abs_log_ratio.index_select(0, chunk.worst_token)[0])  # the argmax the signatures share
         self.counts += torch.bincount(signed_buckets(log_ratio), minlength=2 * NUM_BUCKETS)
         self.prob.update(chunk.old, chunk.rollout)
         # Kish ESS over valid rows of the sequence weights exp(clamp(S_i, +-20)).

@@ -192,12 +192,12 @@ class SignaturesAccumulator(Accumulator):
 
     def _candidate(self, chunk: Chunk, magnitude: torch.Tensor) -> None:
         """Keep the chunk's largest |delta| (device scalars) and what places it; resolve every PENDING chunks."""
-        if magnitude.device.type == "cpu":  # numpy's argmax (the first of equal maxima too) is ~20x torch's
-            token = int(np.argmax(magnitude.numpy()))
+        at = chunk.worst_token
+        if magnitude.device.type == "cpu":
+            token = int(at[0])
             values = torch.tensor([float(magnitude[token]), float(token), float(chunk.old[token]),
                                    float(chunk.rollout[token])], dtype=F64)
         else:
-            at = torch.argmax(magnitude).reshape(1)
             values = torch.stack([magnitude.index_select(0, at)[0].to(F64), at[0].to(F64),
                                   chunk.old.index_select(0, at)[0].to(F64),
                                   chunk.rollout.index_select(0, at)[0].to(F64)])
