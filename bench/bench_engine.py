@@ -1,11 +1,14 @@
 """In-process engine throughput: the accumulators over batches already in memory, no reading, no start-up.
 
     python bench/bench_engine.py [--tokens 10000000] [--turns 1 4] [--repeats 3] [--device cpu] [--profile]
+                                 [--chunk-positions N]
 
 Makes a `mismatch synth` dump per turn count (kept in --workdir), reads it once into memory, then
 times `Analysis.update` + `finish` over those batches with the default and the full configuration,
 alternating, one torch thread (as `analyze` runs). Prints Mtok/s per run and the best of each.
-`--profile` prints cProfile's top functions of one full-configuration run instead. A benchmark, not a test.
+`--profile` prints cProfile's top functions of one full-configuration run instead. `--chunk-positions N` joins
+consecutive batches into chunks of up to N positions, as the GPU path does (default: the device's own
+setting). A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -36,9 +39,11 @@ def load(path: Path, tokens: int, turns: int) -> list:
     return list(iter_batches(discover_inputs([str(path)]), ReadOptions()))
 
 
-def once(batches: list, config: CorrectionConfig, device: str) -> float:
+def once(batches: list, config: CorrectionConfig, device: str, chunk_positions: int | None = None) -> float:
     """Seconds for one pass of the engine over the batches (CPU time on the CPU: robust to a busy machine)."""
     analysis = Analysis(resolve(config), resolve_device(device))
+    if chunk_positions:
+        analysis.join_batches, analysis.chunk_positions = True, chunk_positions
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     clock = time.perf_counter if device.startswith("cuda") else time.process_time
@@ -59,6 +64,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/mismatch-bench"))
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--chunk-positions", type=int, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -70,14 +76,14 @@ def main() -> None:
         if args.profile:
             profile = cProfile.Profile()
             profile.enable()
-            once(batches, FULL, args.device)
+            once(batches, FULL, args.device, args.chunk_positions)
             profile.disable()
             pstats.Stats(profile).sort_stats("tottime").print_stats(25)
             continue
         best: dict[str, float] = {}
         for _ in range(args.repeats):
             for label, config in (("default", CorrectionConfig()), ("full", FULL)):
-                seconds = once(batches, config, args.device)
+                seconds = once(batches, config, args.device, args.chunk_positions)
                 best[label] = min(best.get(label, seconds), seconds)
                 print(f"turns {turns} {label:8s} {seconds:6.3f} s  {tokens / seconds / 1e6:6.1f} Mtok/s", flush=True)
         print(f"turns {turns}: {tokens / 1e6:.1f}M valid tokens; best default {tokens / best['default'] / 1e6:.1f} "

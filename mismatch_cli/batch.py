@@ -86,3 +86,30 @@ class Batch:
             labels=self.labels,
             groups={name: values[start:stop] for name, values in self.groups.items()},
         )
+
+
+def concat_rows(batches: list[Batch]) -> Batch:
+    """One batch of the rows of consecutive batches of one source, in order (the first one itself when alone)."""
+    if len(batches) == 1:
+        return batches[0]
+    first = batches[0]
+    ends = np.cumsum([b.num_positions for b in batches])
+    offsets = np.concatenate([first.offsets.astype(np.int64, copy=False)]
+                             + [b.offsets[1:] + base for b, base in zip(batches[1:], ends[:-1].tolist(), strict=True)])
+
+    def joined(arrays: list[np.ndarray | None]) -> np.ndarray | None:
+        return None if any(a is None for a in arrays) else np.concatenate(arrays)  # type: ignore[arg-type]
+
+    return Batch(
+        old_log_probs=np.concatenate([b.old_log_probs for b in batches]),
+        rollout_log_probs=np.concatenate([b.rollout_log_probs for b in batches]),
+        response_mask=np.concatenate([b.response_mask for b in batches]),
+        offsets=offsets,
+        source=first.source,
+        first_row=first.first_row,
+        steps=joined([b.steps for b in batches]),
+        sequence_ids=joined([b.sequence_ids for b in batches]),
+        labels=first.labels,
+        groups={name: np.concatenate([b.groups[name] for b in batches]) for name in first.groups},
+    )
+

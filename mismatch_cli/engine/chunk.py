@@ -22,6 +22,9 @@ from mismatch_cli.engine.state import F64
 # catches -9999 after bf16 rounding (-9984).
 SENTINEL_LOGPROB = -9000.0
 MAX_CHUNK_POSITIONS = 1 << 20  # bounds every per-token temporary to a few MB
+# On a GPU a 1M-position chunk costs more in kernel launches and Python than in kernels: 4M-position
+# chunks measured 1.5x the throughput on an H100 (docs/performance.md) and keep temporaries small.
+DEVICE_CHUNK_POSITIONS = 1 << 22
 
 
 @dataclass

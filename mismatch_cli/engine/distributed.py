@@ -43,6 +43,7 @@ def partial_state(batches: Iterable[Batch], spec: PartialSpec, threads: int | No
     analysis = _empty(spec)
     for batch in batches:
         analysis.update(batch)
+    analysis.flush()
     return pickle.dumps(analysis)
 
 

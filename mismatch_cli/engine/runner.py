@@ -10,11 +10,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from mismatch_cli.batch import Batch
+from mismatch_cli.batch import Batch, concat_rows
 from mismatch_cli.correction import ResolvedCorrection
 from mismatch_cli.engine.analysis import BatchAccumulator, BatchResult
 from mismatch_cli.engine.bootstrap import DEFAULT_REPLICATES
-from mismatch_cli.engine.chunk import QUALITY_CATEGORIES, bounded, make_chunk, quality_examples
+from mismatch_cli.engine.chunk import (
+    DEVICE_CHUNK_POSITIONS,
+    MAX_CHUNK_POSITIONS,
+    QUALITY_CATEGORIES,
+    bounded,
+    make_chunk,
+    quality_examples,
+)
 from mismatch_cli.engine.family import FamilyAccumulator
 from mismatch_cli.engine.packs import merge_xtuner_packs
 from mismatch_cli.engine.protocol import ChunkDecisions
@@ -51,6 +58,8 @@ class SourceStats:
         for category, examples in found.items():
             kept = self.examples.setdefault(category, [])
             kept.extend(examples[: EXAMPLES_PER_CATEGORY - len(kept)])
+        # In category order, whatever order the chunks found them in (the report is the same however chunked).
+        self.examples = {c: self.examples[c] for c in QUALITY_CATEGORIES if c in self.examples}
 
 
 @dataclass
@@ -97,6 +106,16 @@ def _split_rows(batch: Batch, keys: np.ndarray) -> list[tuple[Any, Batch]]:
     if len(unique) == 1:
         return [(labels[0], batch)]
     return [(label, batch.select_rows(inverse == i)) for i, label in enumerate(labels)]
+
+
+def _follows(previous: Batch, batch: Batch) -> bool:
+    """Whether `batch` holds the rows right after `previous` in the same file, with the same columns."""
+    return (batch.source == previous.source and batch.first_row == previous.first_row + previous.num_rows
+            and batch.old_log_probs.dtype == previous.old_log_probs.dtype
+            and batch.rollout_log_probs.dtype == previous.rollout_log_probs.dtype
+            and (batch.steps is None) == (previous.steps is None)
+            and (batch.sequence_ids is None) == (previous.sequence_ids is None)
+            and batch.groups.keys() == previous.groups.keys() and batch.labels == previous.labels)
 
 
 def _check_group_count(column: str, known: dict[Any, Any], keys: np.ndarray) -> None:
@@ -159,15 +178,39 @@ class Analysis:
         self.per_group: dict[str, dict[Any, BatchAccumulator]] = {column: {} for column in group_by}
         self.sources: dict[str, SourceStats] = {}
         self.any_rows = False
+        # On a GPU, consecutive reader batches of one file are joined into chunks of up to
+        # DEVICE_CHUNK_POSITIONS positions before they go to the device; the CPU folds each as it comes.
+        self.join_batches = device.type != "cpu"
+        self.chunk_positions = DEVICE_CHUNK_POSITIONS if self.join_batches else MAX_CHUNK_POSITIONS
+        self._held: list[Batch] = []
+        self._held_positions = 0
 
     def _breakdown(self) -> BatchAccumulator:
         # Steps and groups report metrics and rounds only: no what-if, worst sequences or intervals.
         return BatchAccumulator(self.correction, self.device, self.rounds, extras=False, bootstrap=0)
 
     def update(self, whole: Batch) -> None:
-        """Fold one reader batch (whole sequences) into every accumulator."""
+        """Fold one reader batch (whole sequences) into every accumulator (on a GPU, possibly at a later call)."""
+        if not self.join_batches:
+            self._fold(whole)
+            return
+        if self._held and (not _follows(self._held[-1], whole)
+                           or self._held_positions + whole.num_positions > self.chunk_positions):
+            self.flush()
+        self._held.append(whole)
+        self._held_positions += whole.num_positions
+        if self._held_positions >= self.chunk_positions:
+            self.flush()
+
+    def flush(self) -> None:
+        """Fold the reader batches held back for a larger device chunk."""
+        if self._held:
+            held, self._held, self._held_positions = self._held, [], 0
+            self._fold(concat_rows(held))
+
+    def _fold(self, whole: Batch) -> None:
         compute_dtype = DTYPES[self.dtype]
-        for batch in bounded(whole):
+        for batch in bounded(whole, self.chunk_positions):
             if batch.num_rows == 0:
                 continue
             self.any_rows = True
@@ -199,6 +242,8 @@ class Analysis:
 
     def merge(self, other: Analysis) -> None:
         """Fold a partial state built on another shard of the same input into this one."""
+        self.flush()
+        other.flush()
         self.any_rows |= other.any_rows
         self.overall.merge(other.overall)
         for source, pack in other.packs.items():
@@ -225,6 +270,7 @@ class Analysis:
 
     def finish(self, source_names: tuple[str, ...] = ()) -> EngineResult:
         """Compute every metric; raise when the input as a whole has no row or no valid token."""
+        self.flush()
         correction = self.correction
         names = source_names or tuple(self.sources)
         if not self.any_rows:

@@ -217,7 +217,14 @@ class SignaturesAccumulator(Accumulator):
         if not self.pending:
             return
         values = torch.stack([v for v, _ in self.pending]).cpu().numpy()
+        # Placing a token reads its chunk's layout on the host (O(positions)); only the candidates with
+        # the largest |delta| can win (ties are settled by file, row and position), so only they are placed.
+        best = values[:, 0].max()
+        if self.worst is not None:
+            best = max(best, self.worst["abs_log_ratio"])
         for (magnitude, token, old, rollout), (_, meta) in zip(values, self.pending, strict=True):
+            if magnitude < best:
+                continue
             entry = _place(meta, int(token))
             entry.update(abs_log_ratio=float(magnitude), old_log_prob=float(old), rollout_log_prob=float(rollout))
             self._offer(entry)

@@ -8,11 +8,11 @@ import torch
 from helpers import batch_from_padded
 from test_numpy_reference import CONFIGS, random_dump
 
-from mismatch_cli.batch import Batch
+from mismatch_cli.batch import Batch, concat_rows
 from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.analysis import BatchAccumulator
 from mismatch_cli.engine.chunk import make_chunk
-from mismatch_cli.engine.runner import run
+from mismatch_cli.engine.runner import Analysis, _follows, run
 
 
 def split(batch: Batch, cuts: list[int]) -> list[Batch]:
@@ -99,3 +99,63 @@ def test_chunk_total_is_taken_once_and_in_float64() -> None:
     assert first.item() == pytest.approx(exact, rel=1e-13)
     flags = chunk.old == chunk.rollout
     assert chunk.total(flags).item() == int(np.count_nonzero(flags.numpy()))
+
+
+def _with_columns(batch: Batch, rng: np.random.Generator) -> Batch:
+    """The batch with an id column, a group column and a few dirty tokens (quality examples)."""
+    old = batch.old_log_probs.copy()
+    valid = np.flatnonzero(batch.response_mask)
+    old[valid[[3, 40, 200]]] = [np.nan, -9999.0, np.inf]
+    rows = batch.num_rows
+    return Batch(old_log_probs=old, rollout_log_probs=batch.rollout_log_probs, response_mask=batch.response_mask,
+                 offsets=batch.offsets, source=batch.source, steps=batch.steps,
+                 sequence_ids=np.array([f"id-{i}" for i in range(rows)], dtype=object),
+                 groups={"env_name": np.array(["math", "code", None], dtype=object)[rng.integers(0, 3, rows)]})
+
+
+def _analysis(correction, join: bool, positions: int) -> Analysis:
+    analysis = Analysis(correction, torch.device("cpu"), "float64", by_step=True, group_by=("env_name",))
+    analysis.join_batches = join  # the GPU path's joining of reader batches, run on the CPU
+    analysis.chunk_positions = positions
+    return analysis
+
+
+@pytest.mark.parametrize("positions", [1, 150, 1 << 22])
+def test_joined_device_chunks_give_the_same_results(positions: int) -> None:
+    rng = np.random.default_rng(5)
+    old, rollout, mask = random_dump(12, rows=70)
+    whole = _with_columns(batch_from_padded(old, rollout, mask, steps=rng.integers(0, 3, size=70)), rng)
+    correction = resolve(CorrectionConfig(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="token_k3",
+                                          rollout_rs_threshold="0.02"))
+    cuts = sorted(rng.choice(np.arange(1, 70), size=20, replace=False).tolist())
+    parts = [Batch(**{**vars(p), "sequence_ids": whole.sequence_ids[p.first_row:p.first_row + p.num_rows],
+                      "groups": {"env_name": whole.groups["env_name"][p.first_row:p.first_row + p.num_rows]}})
+             for p in split(whole, cuts)]
+    plain, joined = _analysis(correction, False, 1 << 20), _analysis(correction, True, positions)
+    for part in parts:
+        plain.update(part)
+        joined.update(part)
+    one, other = plain.finish(), joined.finish()
+    assert_same(one.overall.metrics, other.overall.metrics)
+    for step in one.steps:
+        assert_same(one.steps[step].metrics, other.steps[step].metrics)
+    for label, result in one.groups["env_name"].items():
+        assert_same(result.metrics, other.groups["env_name"][label].metrics)
+    assert one.overall.worst_sequences == other.overall.worst_sequences
+    assert one.overall.signatures["worst_token"] == other.overall.signatures["worst_token"]
+    assert repr(one.sources["case"].examples) == repr(other.sources["case"].examples)  # NaN != NaN
+    assert one.sources["case"].quality == other.sources["case"].quality
+    assert one.sources["case"].sequences == other.sources["case"].sequences == 70
+
+
+def test_only_consecutive_rows_of_one_file_are_joined() -> None:
+    old, rollout, mask = random_dump(13, rows=30)
+    whole = batch_from_padded(old, rollout, mask)
+    a, b, c = split(whole, [10, 20])
+    joined = concat_rows([a, b, c])
+    for name in ("old_log_probs", "rollout_log_probs", "response_mask", "offsets"):
+        assert np.array_equal(getattr(joined, name), getattr(whole, name))
+    assert _follows(a, b) and _follows(b, c)
+    assert not _follows(a, c)  # rows 10-19 are missing between them
+    assert not _follows(a, Batch(**{**vars(b), "source": "other.parquet"}))
+    assert not _follows(a, Batch(**{**vars(b), "old_log_probs": b.old_log_probs.astype(np.float32)}))
