@@ -6,21 +6,18 @@ the slime reader imports torch inside its function, when a `.pt` dump is really 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..batch import Batch
 from ..errors import InputError
-from ..guard import import_pandas_now, raise_pending
+from ..guard import raise_pending
 from .aliases import ROLE_ALIASES, check_options, resolve_roles
 from .detect import FORMAT_NAMES, detect_format
 from .discover import FORMATS, InputFile, discover_inputs, sha256_file
-from .nemo_rl import read_nemo_rl
 from .options import ReadOptions
 from .parquet import read_parquet
-from .prime_rl import read_prime_rl
-from .safetensors import read_safetensors
-from .slime import read_slime
 
 if TYPE_CHECKING:
     from .parallel import WorkItem
@@ -41,17 +38,34 @@ __all__ = [
     "read_safetensors",
     "read_slime",
     "read_work_item",
+    "reader",
     "resolve_roles",
     "sha256_file",
 ]
 
-READERS: dict[str, Callable[[str, ReadOptions], Iterator[Batch]]] = {
-    "parquet": read_parquet,
-    "safetensors": read_safetensors,
-    "slime": read_slime,
-    "nemo-rl": read_nemo_rl,
-    "prime-rl": read_prime_rl,
+# Format -> (module, reader). Only parquet's is imported up front: the JSONL-based readers import
+# pyarrow.compute and pyarrow.json, which a parquet run never needs (start-up time).
+_READER_NAMES = {
+    "parquet": ("parquet", "read_parquet"),
+    "safetensors": ("safetensors", "read_safetensors"),
+    "slime": ("slime", "read_slime"),
+    "nemo-rl": ("nemo_rl", "read_nemo_rl"),
+    "prime-rl": ("prime_rl", "read_prime_rl"),
 }
+READERS = tuple(_READER_NAMES)
+
+
+def reader(file_format: str) -> Callable[..., Iterator[Batch]]:
+    """The reader function of a format (its module imported on first use)."""
+    module, function = _READER_NAMES[file_format]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), function)
+
+
+def __getattr__(name: str) -> Any:
+    for module, function in _READER_NAMES.values():
+        if name == function:
+            return getattr(importlib.import_module(f"{__name__}.{module}"), function)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def iter_batches(files: Sequence[InputFile], options: ReadOptions, workers: int = 0) -> Iterator[Batch]:
@@ -63,7 +77,6 @@ def iter_batches(files: Sequence[InputFile], options: ReadOptions, workers: int 
                 f"unknown input format {file.format!r} for {file.path}",
                 hint=f"use one of {', '.join(FORMAT_NAMES)} (--input-format)",
             )
-    import_pandas_now()
     if workers > 0:
         from mismatch_cli.io.parallel import iter_batches_parallel
 
@@ -79,7 +92,7 @@ def iter_batches(files: Sequence[InputFile], options: ReadOptions, workers: int 
 
 
 def _read_file(path: str, file_format: str, options: ReadOptions) -> Iterator[Batch]:
-    return READERS[file_format](path, options)
+    return reader(file_format)(path, options)
 
 
 def read_work_item(item: WorkItem, options: ReadOptions) -> Iterator[Batch]:

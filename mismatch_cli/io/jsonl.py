@@ -32,6 +32,7 @@ from ._common import (
     row_at,
 )
 from .aliases import resolve_roles
+from .arrays import to_numpy
 from .detect import first_record
 from .options import ReadOptions
 
@@ -117,7 +118,7 @@ def _unwrap(column: pa.Array, field: _Field, source: str, first_row: int) -> pa.
     """The value of a one-element-list field; an empty or null wrapper becomes null."""
     if not field.nested:
         return column
-    lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False)
+    lengths = to_numpy(pc.fill_null(pc.list_value_length(column), 0))
     too_long = lengths > 1
     if too_long.any():
         row = int(np.argmax(too_long))
@@ -140,8 +141,8 @@ class _Array:
 
 def _array(column: pa.Array, field: _Field, role: str, source: str, first_row: int) -> _Array:
     column = _unwrap(column, field, source, first_row)
-    lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-    null_rows = column.is_null().to_numpy(zero_copy_only=False)
+    lengths = to_numpy(pc.fill_null(pc.list_value_length(column), 0)).astype(np.int64)
+    null_rows = to_numpy(column.is_null())
     flat = column.flatten()
     if role == "response_mask":
         if null_rows.any():
@@ -151,7 +152,7 @@ def _array(column: pa.Array, field: _Field, role: str, source: str, first_row: i
                 hint="every record needs its mask (1 = trained-on token)",
             )
         if flat.null_count:
-            position = int(np.argmax(flat.is_null().to_numpy(zero_copy_only=False)))
+            position = int(np.argmax(to_numpy(flat.is_null())))
             offsets = np.concatenate([[0], np.cumsum(lengths)])
             row = row_at(offsets, position)
             raise InputError(
@@ -159,7 +160,7 @@ def _array(column: pa.Array, field: _Field, role: str, source: str, first_row: i
                 f"{field.name!r} (token {position - int(offsets[row])})",
                 hint="write the mask as 0/1 or true/false on every token",
             )
-    values = flat.to_numpy(zero_copy_only=False)
+    values = to_numpy(flat)
     return _Array(values, lengths, null_rows)
 
 
@@ -175,7 +176,7 @@ def _scalars(column: pa.Array, field: _Field, source: str, first_row: int) -> np
     column = _unwrap(column, field, source, first_row)
     if column.null_count and not pa.types.is_string(column.type):
         column = column.cast(pa.string())  # nulls stay None rather than NaN
-    return column.to_numpy(zero_copy_only=False)
+    return to_numpy(column)
 
 
 def _rechunk(record_batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
@@ -296,18 +297,18 @@ def _to_batch(
 def _row_keep(column: pa.Array) -> np.ndarray:
     """Rows a per-record sample mask keeps: non-zero or null (NeMo-RL multiplies the token mask by it)."""
     if pa.types.is_boolean(column.type):
-        return pc.fill_null(column, True).to_numpy(zero_copy_only=False)
+        return to_numpy(pc.fill_null(column, True))
     if pa.types.is_integer(column.type) or pa.types.is_floating(column.type):
-        return pc.fill_null(pc.not_equal(column, 0), True).to_numpy(zero_copy_only=False)
+        return to_numpy(pc.fill_null(pc.not_equal(column, 0), True))
     return np.ones(len(column), dtype=bool)
 
 
 def _steps(column: pa.Array, name: str, source: str, first_row: int) -> np.ndarray:
     if column.null_count or not pa.types.is_integer(column.type):
-        bad = column.is_null().to_numpy(zero_copy_only=False) if column.null_count else np.ones(len(column), bool)
+        bad = to_numpy(column.is_null()) if column.null_count else np.ones(len(column), bool)
         row = int(np.argmax(bad))
         raise InputError(
             f"expected an integer step, got {column[row].as_py()!r} in {source} row {first_row + row} field {name!r}",
             hint="every record needs an integer step, or drop the field to take the step from the file name",
         )
-    return int64_values(column.to_numpy(zero_copy_only=False), "step", f"{source} field {name!r}", first_row)
+    return int64_values(to_numpy(column), "step", f"{source} field {name!r}", first_row)

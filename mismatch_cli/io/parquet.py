@@ -22,6 +22,7 @@ from ._common import (
     row_at,
 )
 from .aliases import resolve_roles
+from .arrays import to_numpy
 from .options import ReadOptions
 from .remote import is_remote, open_remote, store_error
 
@@ -68,7 +69,7 @@ def _flatten(arr: pa.Array, role: str, name: str, source: str,
     padding (mask 0) may hold anything.
     """
     if arr.null_count:
-        row = int(np.argmax(arr.is_null().to_numpy(zero_copy_only=False)))
+        row = int(np.argmax(to_numpy(arr.is_null())))
         raise InputError(
             f"expected a list of {role} values, got null in {source} row {first_row + row} column {name!r}",
             hint="drop or fill rows with a missing list before dumping",
@@ -77,12 +78,12 @@ def _flatten(arr: pa.Array, role: str, name: str, source: str,
     if pa.types.is_fixed_size_list(arr.type):
         offsets = np.arange(len(arr) + 1, dtype=np.int64) * arr.type.list_size
     else:
-        raw = arr.offsets.to_numpy()
+        raw = to_numpy(arr.offsets)
         offsets = raw.astype(np.int64) - int(raw[0])
-    nulls = flat.is_null().to_numpy(zero_copy_only=False) if flat.null_count else None
+    nulls = to_numpy(flat.is_null()) if flat.null_count else None
     if nulls is not None and role == "response_mask":
         _refuse_valid_nulls(nulls, None, offsets, role, name, source, first_row)
-    return flat.to_numpy(zero_copy_only=False), offsets, nulls
+    return to_numpy(flat), offsets, nulls
 
 
 def _refuse_valid_nulls(nulls: np.ndarray, mask: np.ndarray | None, offsets: np.ndarray, role: str, name: str,
@@ -101,12 +102,12 @@ def _refuse_valid_nulls(nulls: np.ndarray, mask: np.ndarray | None, offsets: np.
 
 def _steps(arr: pa.Array, name: str, source: str, first_row: int) -> np.ndarray:
     if arr.null_count:
-        row = int(np.argmax(arr.is_null().to_numpy(zero_copy_only=False)))
+        row = int(np.argmax(to_numpy(arr.is_null())))
         raise InputError(
             f"expected an integer step, got null in {source} row {first_row + row} column {name!r}",
             hint="fill the step column, or drop it",
         )
-    return int64_values(arr.to_numpy(zero_copy_only=False), "step", f"{source} column {name!r}", first_row)
+    return int64_values(to_numpy(arr), "step", f"{source} column {name!r}", first_row)
 
 
 def read_parquet(path: str, options: ReadOptions, row_groups: Sequence[int] | None = None) -> Iterator[Batch]:
@@ -249,7 +250,7 @@ def _to_batch(
     if mask is None:
         mask = np.ones(len(old), dtype=np.bool_)
     steps = _steps(record_batch.column(step_name), step_name, source, first_row) if step_name else None
-    ids = record_batch.column(id_name).to_numpy(zero_copy_only=False) if id_name else None
+    ids = to_numpy(record_batch.column(id_name)) if id_name else None
     return Batch(
         old_log_probs=old,
         rollout_log_probs=rollout,
@@ -285,4 +286,4 @@ def _group_values(arr: pa.Array, where: str, first_row: int) -> np.ndarray:
         arr = arr.dictionary_decode()
     if arr.null_count and not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
         arr = arr.cast(pa.string())  # keeps nulls as None instead of NaN
-    return group_labels(arr.to_numpy(zero_copy_only=False), where, first_row)
+    return group_labels(to_numpy(arr), where, first_row)
