@@ -21,7 +21,7 @@ import torch
 
 from mismatch_cli.correction import SAFETY_BOUND
 from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.formulas import chi2
+from mismatch_cli.engine.formulas import chi2, ess
 from mismatch_cli.engine.ops import count_in_segments
 from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.state import F64
@@ -243,7 +243,7 @@ class BootstrapAccumulator(Accumulator):
                 "rollout_corr/ppl_ratio": f["ppl_ratio"] / rows,
                 "rollout_corr/log_ppl_abs_diff": f["log_ppl_abs_diff"] / rows,
                 "diag/logprob_abs_diff_mean": f["abs_log_ratio"] / valid,
-                "diag/ess_token": (mean_ratio + 1e-8) ** 2 / np.where(mean_ratio_sq > 0, mean_ratio_sq, np.nan),
+                "diag/ess_token": ess(mean_ratio, mean_ratio_sq),
                 "diag/ess_seq_kish": f["seq_weight"] ** 2
                 / (f["valid_row"] * np.where(f["seq_weight_sq"] > 0, f["seq_weight_sq"], np.nan)),
             }

@@ -17,6 +17,7 @@ import torch
 
 from mismatch_cli.correction import SAFETY_BOUND
 from mismatch_cli.engine.chunk import MAX_CHUNK_POSITIONS, Chunk
+from mismatch_cli.engine.formulas import ess
 from mismatch_cli.engine.ops import count, segment_sum
 from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution, finite_or_none
 from mismatch_cli.engine.sketch import NUM_BUCKETS, SHIFT
@@ -327,8 +328,7 @@ class DiagnosticsAccumulator(Accumulator):
         }
         metrics.update({key: _or_nan(value) for key, value in quantile.items()})
         metrics.update({
-            # verl's ESS formula (1 / MM((w / MM(w))^2)) on raw, untruncated token ratios.
-            "ess_token": (mean_ratio + 1e-8) ** 2 / mean_ratio_sq if mean_ratio_sq > 0 else math.nan,
+            "ess_token": ess(mean_ratio, mean_ratio_sq),  # verl's formula on raw, untruncated token ratios
             "ess_seq_kish": sum_w * sum_w / (valid_rows * sum_w_sq) if valid_rows and sum_w_sq > 0 else math.nan,
             "sequences": s.get("rows"),
             "valid_tokens": s.get("tokens"),

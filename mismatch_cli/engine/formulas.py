@@ -1,4 +1,4 @@
-"""Formulas several accumulators share, each written once: the chi-squared divergence's terms and its ratio.
+"""Formulas several accumulators share, each written once: the chi-squared divergence and verl's ESS.
 
 The terms are tensors over a chunk's tokens or rows; `chi2` turns their (float64) sums into the metric
 and works as well on a float as on a numpy array of bootstrap replicates, so every report of chi2_token
@@ -7,6 +7,7 @@ or chi2_seq (overall, per round, bootstrap intervals) is the same arithmetic.
 
 from __future__ import annotations
 
+import math
 from typing import TypeVar
 
 import numpy as np
@@ -32,4 +33,14 @@ def chi2(sum_of_terms: Number, count: Number) -> Number:
     return sum_of_terms / count - 1.0
 
 
-__all__ = ["chi2", "chi2_seq_terms", "chi2_token_terms"]
+def ess(mean: Number, mean_sq: Number) -> Number:
+    """verl's ESS 1 / MM((w / (MM(w) + 1e-8))^2) from the token-means of w and w^2; NaN when all w are 0.
+
+    verl raises ZeroDivisionError there; the ratio is written as (MM(w) + 1e-8)^2 / MM(w^2).
+    """
+    if isinstance(mean_sq, np.ndarray):
+        return (mean + 1e-8) ** 2 / np.where(mean_sq > 0, mean_sq, np.nan)
+    return (mean + 1e-8) ** 2 / mean_sq if mean_sq > 0 else math.nan
+
+
+__all__ = ["chi2", "chi2_seq_terms", "chi2_token_terms", "ess"]

@@ -8,6 +8,7 @@ import torch
 
 from mismatch_cli.correction import SAFETY_BOUND, IsThreshold
 from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.formulas import ess
 from mismatch_cli.engine.protocol import VERL_PREFIX, Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.state import F64, Moments, Reducer, float32_fraction
 
@@ -136,10 +137,7 @@ class ImportanceAccumulator(Accumulator):
             metrics["rollout_is_ratio_fraction_high"] = float32_fraction(s.get("count_high"), rows)
             metrics["rollout_is_ratio_fraction_low"] = float32_fraction(s.get("count_low"), rows)
         metrics["rollout_is_std"] = math.sqrt(max(mean_sq - mean * mean, 0.0)) if tokens > 1 else 0.0
-        # ESS = 1 / MM((w / (MM(w) + 1e-8))^2); verl raises ZeroDivisionError when every weight is 0.
-        normalized_sq_mean = mean_sq / (mean + 1e-8) ** 2
-        all_zero = normalized_sq_mean == 0.0
-        metrics["rollout_is_eff_sample_size"] = math.nan if all_zero else 1.0 / normalized_sq_mean
+        metrics["rollout_is_eff_sample_size"] = ess(mean, mean_sq)
         metrics["rollout_is_seq_mean"] = float(self.row_weight.mean.item())
         metrics["rollout_is_seq_std"] = self.row_weight.std()
         metrics["rollout_is_seq_max"] = s.get("seq_max")
@@ -155,4 +153,4 @@ class ImportanceAccumulator(Accumulator):
             else:
                 factor = s.get("sum_valid_row_mean") / max(s.get("valid_rows"), 1e-8)
             metrics["rollout_is_batch_norm_factor"] = factor if factor > 1e-8 else 1.0
-        return metrics, all_zero
+        return metrics, mean_sq == 0.0  # every weight 0: verl raises ZeroDivisionError

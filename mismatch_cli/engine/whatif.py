@@ -23,6 +23,7 @@ import torch
 from mismatch_cli.correction import SAFETY_BOUND, RsOption
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.diagnostics import scratch
+from mismatch_cli.engine.formulas import ess
 from mismatch_cli.engine.ops import padded_indices, total
 from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.rejection import OptionBounds, token_statistic
@@ -276,8 +277,7 @@ class WhatIfAccumulator(Accumulator):
                 "masked_token_fraction": row[_M] / tokens if tokens else None,
                 "masked_seq_fraction": row[_R] / valid_rows if valid_rows else None,
                 "is_weight_mean": mean if is_weight and tokens else None,
-                # verl's ESS, 1 / MM((w / (MM(w) + 1e-8))^2), of the weights the setting leaves.
-                "ess": (mean + 1e-8) ** 2 / mean_sq if mean_sq > 0 else None,
+                "ess": ess(mean, mean_sq) if mean_sq > 0 else None,  # of the weights the setting leaves
                 # verl's k1 `kl` (rollout − old, token mean) over the tokens the setting leaves in the mask.
                 "kl": -row[_S] / (weight_tokens + 1e-8) if weight_tokens else None,
             })
