@@ -87,3 +87,14 @@ def test_compare_min_difference_marks_a_small_change_same(stepped) -> None:
     assert kl_mark("--min-difference", "kl=none") == "+"  # every change counts: worse (no intervals to overlap)
     assert kl_mark("--min-difference", "kl=1%") == "+"
     assert_exit(invoke("compare", stepped["path"], stepped["path"], "--min-difference", "nokey=1"), 2)
+
+
+def test_cli_choices_list_what_the_library_knows() -> None:
+    # The CLI spells these out (importing the library would slow `--help`); they must not drift apart.
+    from mismatch_cli.cli.options import InputFormat, Semantics
+    from mismatch_cli.correction.model import FAMILIES
+    from mismatch_cli.io import READERS
+    from mismatch_cli.io.detect import FORMAT_NAMES
+
+    assert tuple(s.value for s in Semantics) == FAMILIES
+    assert tuple(f.value for f in InputFormat if f.value != "auto") == FORMAT_NAMES == READERS

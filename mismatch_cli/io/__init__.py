@@ -62,9 +62,9 @@ def reader(file_format: str) -> Callable[..., Iterator[Batch]]:
 
 
 def __getattr__(name: str) -> Any:
-    for module, function in _READER_NAMES.values():
-        if name == function:
-            return getattr(importlib.import_module(f"{__name__}.{module}"), function)
+    for file_format, (_, function) in _READER_NAMES.items():
+        if name == function:  # `from mismatch_cli.io import read_slime` still works, importing on use
+            return reader(file_format)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
