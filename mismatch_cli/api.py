@@ -8,10 +8,12 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
+from mismatch_cli.answers import diagnose
 from mismatch_cli.correction import CorrectionConfig, ResolvedCorrection, resolve
 from mismatch_cli.drift import drift
 from mismatch_cli.errors import UsageError
 from mismatch_cli.findings import find
+from mismatch_cli.findings.causes import few_tokens
 from mismatch_cli.health import summarize
 from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, iter_batches
 from mismatch_cli.io.parallel import BackgroundHashes
@@ -44,7 +46,7 @@ QUALITY_WARNINGS = {
     "sentinel_tokens": "valid tokens with a sentinel log-prob (<= -9000, e.g. -9999 or -1e4) were excluded",
     "positive_logprob_tokens": "valid tokens have a log-prob > 0 (kept; a probability above 1 is a dump bug)",
     "one_side_zero_tokens": "valid tokens have a log-prob of exactly 0.0 on one side only "
-    "(kept; often a missing log-prob filled with 0)",
+    "(kept; a missing log-prob filled with 0, or a top-p / top-k nucleus of one token: see Dump checks)",
 }
 
 
@@ -154,6 +156,7 @@ def build_report(
         warnings.extend(f"{column}={entry['group']}: {note}" for entry in entries for note in entry["notes"])
     config = {**correction.to_dict(), "device": result.device, "dtype": result.dtype, "by_step": by_step,
               "group_by": list(group_by)}
+    few = few_tokens(getattr(result.overall, "signatures", {}))
     steps = [
         {
             "step": step,
@@ -170,7 +173,7 @@ def build_report(
         inputs=inputs,
         config=config,
         metrics=result.overall.metrics,
-        summary=summarize(result.overall.metrics, config, result.overall.what_if),
+        summary=summarize(result.overall.metrics, config, result.overall.what_if, few),
         steps=steps,
         groups=groups,
         rounds=result.overall.rounds,
@@ -182,10 +185,11 @@ def build_report(
         intervals=result.overall.intervals,
         data_quality=data_quality,
         warnings=warnings,
-        recommendation=recommend(result.overall.metrics, config, result.overall.what_if),
+        recommendation=recommend(result.overall.metrics, config, result.overall.what_if, few),
         drift=drift(steps),
     )
     report.findings = [f.to_dict() for f in find(report, getattr(result.overall, "signatures", {}))]
+    report.summary, report.recommendation = diagnose(report.summary, report.recommendation, report.findings)
     return report
 
 

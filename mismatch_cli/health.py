@@ -4,8 +4,12 @@
 `after` looks at what the trainer's loss sees once the run's correction is applied: the IS weights'
 mean, ESS and std (verl's IS keys describe the applied weights) and the KL of the tokens left in the
 mask. χ²_token has no separate `after` check: χ² of the corrected weights, normalized to mean 1, is
-1/ESS − 1, which the ESS band already judges. The verdict (`status`, `checks`) is `after` when the run
-applied a correction whose effect is known, else `before` (docs/report.md, "The health summary").
+1/ESS − 1, which the ESS band already judges. `agreement` judges the log-probs themselves, which no
+correction changes: verl's FAQ band on the mean probability difference, NeMo-RL's limit on
+token_mult_prob_error, and the ratio-mean identity E[ratio] = 1, which holds at any precision and fails
+when the rollout side is not the distribution its tokens were sampled from. The verdict (`status`,
+`checks`) is `agreement` plus `after` when the run applied a correction whose effect is known, else plus
+`before` (docs/report.md, "The health summary").
 """
 
 from __future__ import annotations
@@ -30,11 +34,16 @@ RAW_CHECKS = ("diag/ess_token", "rollout_corr/kl", "rollout_corr/chi2_token")
 IS_MEAN, IS_ESS, IS_STD, RAW_ESS, KL = (CHECKS[0], CHECKS[1], CHECKS[3], CHECKS[2], CHECKS[4])
 IS_CHECKS = (IS_MEAN, IS_ESS, IS_STD)
 IS_ESS_KEYS = (IS_ESS, *aliases_of(IS_ESS))
+SEQ_ESS = "diag/ess_seq_kish"  # checked before a correction when the run's correction is sequence-level
+PROB_DIFF, MULT_PROB_ERROR, RATIO_MEAN = "diag/prob_abs_diff_mean", "diag/token_mult_prob_error", "diag/ratio_mean"
+AGREEMENT_CHECKS = (PROB_DIFF, MULT_PROB_ERROR, RATIO_MEAN)
+RATIO_MEAN_MIN_Z = 5.0  # the ratio mean is out of band only this many standard errors from 1
 # The basis of a check's value: what it was computed from.
 RAW = "raw token ratios"
 APPLIED = "the applied IS weights"
 KEPT = "the tokens the correction keeps"
 UNCHANGED = "unchanged by IS weights (the mask keeps every token)"
+LOG_PROBS = "the log-probs themselves (no correction changes them)"
 
 
 def band_of(key: str) -> Band:
@@ -59,8 +68,9 @@ def check(key: str, value: float, basis: str, metric: str | None = None) -> dict
 
 
 def verdict(checks: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    """`healthy` when every check passes (or there is none), else `warning`."""
-    return {"status": "healthy" if all(c["ok"] for c in checks) else "warning", "checks": checks, **extra}
+    """`healthy` when every check passes or is out through a few tokens only (or there is none), else `warning`."""
+    passing = all(c["ok"] or c.get("few_tokens") for c in checks)
+    return {"status": "healthy" if passing else "warning", "checks": checks, **extra}
 
 
 def _present(metrics: Mapping[str, float | None], key: str) -> str | None:
@@ -71,14 +81,46 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def before(metrics: Mapping[str, float | None]) -> dict[str, Any]:
-    """The dump as it is: the raw token ratios' ESS, k1 KL and χ²_token, each when present."""
+def before(metrics: Mapping[str, float | None], config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The dump as it is: the raw token ratios' ESS, k1 KL and χ²_token (and the rows' ESS for a sequence-level run)."""
+    keys = RAW_CHECKS + ((SEQ_ESS,) if sequence_level(config or {}) else ())
     checks = []
-    for key in RAW_CHECKS:
+    for key in keys:
         metric = _present(metrics, key)
         if metric is not None:
             checks.append(check(key, float(metrics[metric]), RAW, metric))  # type: ignore[arg-type]
     return verdict(checks, basis=RAW)
+
+
+def sequence_level(config: Mapping[str, Any]) -> bool:
+    """Whether the run's IS or RS works on whole sequences (verl's `sequence` IS, `seq_*` / `geometric` RS)."""
+    level = config.get("rollout_is") if "rollout_is_level" not in config else config.get("rollout_is_level")
+    options = str(config.get("rollout_rs") or "").split(",")
+    return level in ("sequence", "geometric") or any(o.startswith(("seq_", "sequence", "geometric")) for o in options)
+
+
+def agreement(metrics: Mapping[str, float | None], few_tokens: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """The log-probs themselves: mean probability difference, token_mult_prob_error and the ratio-mean identity.
+
+    `few_tokens` maps a check to the count of tokens that carry its excess when they are at most 1 % of the
+    valid tokens (findings/causes.py): out of band through those alone, it is the correction's business (the
+    χ² / ESS checks judge it), not the engines' agreement, and does not decide the verdict.
+    """
+    checks = []
+    for key in AGREEMENT_CHECKS:
+        if not _finite(metrics.get(key)):
+            continue
+        entry = check(key, float(metrics[key]), LOG_PROBS)  # type: ignore[arg-type]
+        if key == RATIO_MEAN:
+            error = metrics.get(RATIO_MEAN + "_se")
+            z = abs(entry["value"] - 1.0) / error if _finite(error) and error > 0 else math.inf  # type: ignore
+            entry["z"] = z if math.isfinite(z) else None
+            entry["ok"] = entry["ok"] or z < RATIO_MEAN_MIN_Z
+            entry["healthy_range"] += f" or < {RATIO_MEAN_MIN_Z:g} SE from 1"
+        if not entry["ok"] and (few_tokens or {}).get(key):
+            entry["few_tokens"] = int(few_tokens[key])  # type: ignore[index]
+        checks.append(entry)
+    return verdict(checks, basis=LOG_PROBS)
 
 
 def after_is(metrics: Mapping[str, float | None], notes: Iterable[str] = ()) -> dict[str, Any] | None:
@@ -153,10 +195,11 @@ def applies_correction(config: Mapping[str, Any]) -> bool:
 
 
 def summarize(metrics: Mapping[str, float | None], config: Mapping[str, Any] | None = None,
-              what_if: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    """The health before and after the run's correction; `status` / `checks` are the verdict (after, if known)."""
-    raw = before(metrics)
+              what_if: Iterable[Mapping[str, Any]] = (), few_tokens: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """The health before and after the run's correction and of the log-probs; `status` / `checks` are the verdict."""
     config = config or {}
+    raw = before(metrics, config)
+    agreed = agreement(metrics, few_tokens)
     rs_on = config.get("rollout_rs") is not None
     notes = [f"RS ({config.get('rollout_rs')}) also drops tokens; the IS keys are over every valid token"] \
         if rs_on else []
@@ -170,4 +213,5 @@ def summarize(metrics: Mapping[str, float | None], config: Mapping[str, Any] | N
                 "this correction has no IS weights and is not a what-if setting, so its effect is not computed; "
                 "the verdict is the raw one"]}
     chosen = applied if applied is not None and applied["checks"] else raw
-    return {"status": chosen["status"], "checks": chosen["checks"], "before": raw, "after": applied}
+    checks = agreed["checks"] + chosen["checks"]
+    return {**verdict(checks), "before": raw, "after": applied, "agreement": agreed}

@@ -182,17 +182,20 @@ def _describe(option: Mapping[str, Any], metrics: Mapping[str, float | None]) ->
 
 
 def recommend(metrics: Mapping[str, float | None], config: Mapping[str, Any],
-              what_if: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+              what_if: Sequence[Mapping[str, Any]],
+              few_tokens: Mapping[str, int] | None = None) -> dict[str, Any] | None:
     """The least invasive supported what-if setting whose after-health is in band, or why there is none."""
     if not what_if:
         return None
     family = str(config.get("semantics") or "verl")
-    health = summarize(metrics, config, what_if)
+    health = summarize(metrics, config, what_if, few_tokens)
     before = health["before"]
     base = {"scenario": None, "semantics": family, "flags": None, "fields": None, "preset": None, "cost": None,
             "health_before": before, "health_after": None, "alternatives": [], "best_partial": None}
     after = health["after"]
-    if before["checks"] and before["status"] == "healthy":
+    agreement = health.get("agreement") or {}
+    gap = agreement.get("status") == "warning"  # the log-probs themselves are out of band: say what helps meanwhile
+    if before["checks"] and before["status"] == "healthy" and not gap:
         reason = "every health check of the raw ratios is in its band: no correction is needed"
         if after is not None and after["status"] == "warning":
             reason += f" (the run's own correction is out of band: {_failing(after)})"
@@ -227,7 +230,9 @@ def recommend(metrics: Mapping[str, float | None], config: Mapping[str, Any],
     with_preset = next((o for o in working[1:] if o["preset"]), None)
     if with_preset is not None and with_preset not in alternatives:
         alternatives.append(with_preset)
+    why = (f"while the log-probs stay out of band ({_failing(agreement)}), {chosen['scenario']} is the least "
+           "invasive setting that keeps the weights in band") if gap else \
+        f"{chosen['scenario']} is the least invasive setting that brings every check into its band"
     return {**base, **{k: chosen[k] for k in ("scenario", "flags", "fields", "preset", "cost", "health_after")},
             "alternatives": [{k: o[k] for k in ("scenario", "flags", "preset", "cost")} for o in alternatives],
-            "reason": f"{chosen['scenario']} is the least invasive setting that brings every check into its band "
-                      f"(before: {_failing(before)}): it {_describe(chosen, metrics)}"}
+            "reason": f"{why} (before: {_failing(before)}): it {_describe(chosen, metrics)}"}

@@ -324,7 +324,9 @@ def _check_finding(check: _Check, finding: Any, path: str) -> None:
               if name == "severity" else isinstance(value, str))
         if not ok:
             check.fail(f"{path}.{name}", expected, value)
-    extra = sorted(set(finding) - set(_FINDING_FIELDS))
+    if not isinstance(finding.get("fix", ""), str):
+        check.fail(f"{path}.fix", "a string", finding["fix"])
+    extra = sorted(set(finding) - set(_FINDING_FIELDS) - {"fix"})
     if extra:
         check.fail(f"{path}.{extra[0]}", "absent (not a field of a finding)", finding[extra[0]])
 

@@ -35,6 +35,10 @@ EXPONENT_BIAS = 127
 # bf16 rounding turns a log-prob of about -0.06 or above into exactly 0.0, never one below -ln 2.
 FILL_LOG_RATIO = math.log(2.0)
 PENDING = 16  # worst-token candidates kept before one host read resolves them
+# The ratio-mean test caps each token's ratio at e: under the rollout distribution E[ratio] = 1, so the capped
+# mean is 1 minus the trainer's mass on tokens with ratio > e (tiny for precision noise), and a bounded summand
+# keeps its standard error honest however heavy the upper tail is (findings/signatures.py, ratio_mean_test).
+RATIO_CAP_LOG = 1.0
 SIDES = ("old", "rollout")
 
 
@@ -80,7 +84,8 @@ class SignaturesAccumulator(Accumulator):
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.state = Reducer(device)
-        self.buckets = torch.zeros((3, NUM_BUCKETS), dtype=F64, device=device)  # tokens, sum ratio^2, sum ratio
+        # tokens, sum ratio^2, sum ratio, sum exp|delta| (NeMo-RL's token_mult_prob_error summand)
+        self.buckets = torch.zeros((4, NUM_BUCKETS), dtype=F64, device=device)
         self.pending: list[tuple[torch.Tensor, dict[str, Any]]] = []
         self.worst: dict[str, Any] | None = None
 
@@ -95,6 +100,9 @@ class SignaturesAccumulator(Accumulator):
         s.add("k3", chunk.total(chunk.k3))
         s.add("k1", -chunk.total(chunk.log_ratio))  # k1 = rollout - old; negation is exact, so is the negated sum
         s.add("pairs", float(n) - total(chunk.row_valid))  # pairs (t, t+1) in one row: N minus non-empty rows
+        capped = chunk.log_ratio.clamp(max=RATIO_CAP_LOG).exp_()
+        s.add("ratio_capped", capped)
+        s.add("ratio_capped_sq", capped.mul_(capped))
         if chunk.old.device.type == "cpu":
             self._host_sums(chunk)
         else:
@@ -114,8 +122,12 @@ class SignaturesAccumulator(Accumulator):
         starts = np.cumsum(lengths) - lengths  # an empty row's start is the next row's (or N)
         index = _host_octaves(magnitude, cpu)
         sums = self.buckets
-        for row, weights in enumerate((None, chunk.ratio_safe_sq, chunk.ratio_safe)):
-            found = np.bincount(index, weights=None if weights is None else weights.numpy(), minlength=NUM_BUCKETS)
+        exp_abs = scratch("signatures_exp_abs", n, torch.float64, cpu).numpy()
+        np.copyto(exp_abs, magnitude)
+        with np.errstate(over="ignore"):  # inf, as NeMo-RL's metric gives
+            np.exp(exp_abs, out=exp_abs)
+        for row, weights in enumerate((None, chunk.ratio_safe_sq.numpy(), chunk.ratio_safe.numpy(), exp_abs)):
+            found = np.bincount(index, weights=weights, minlength=NUM_BUCKETS)
             sums[row] += torch.from_numpy(found.astype(np.float64, copy=False))
 
         def flags(name: str, size: int = n) -> np.ndarray:
@@ -165,6 +177,7 @@ class SignaturesAccumulator(Accumulator):
         self.buckets[0] += torch.bincount(index, minlength=NUM_BUCKETS).to(F64)
         self.buckets[1] += torch.bincount(index, weights=chunk.ratio_safe_sq.to(F64), minlength=NUM_BUCKETS)
         self.buckets[2] += torch.bincount(index, weights=chunk.ratio_safe.to(F64), minlength=NUM_BUCKETS)
+        self.buckets[3] += torch.bincount(index, weights=torch.exp(chunk.abs_log_ratio.to(F64)), minlength=NUM_BUCKETS)
         s.add("bitwise_equal", old == rollout)
         continues = ~_row_starts(chunk)[1:-1]  # [N - 1]: token t + 1 continues token t's row
         far = chunk.abs_log_ratio > FILL_LOG_RATIO
@@ -258,9 +271,10 @@ class SignaturesAccumulator(Accumulator):
         sums = self.buckets.cpu().numpy()
         # Only the occupied octaves, in ascending |delta|.
         buckets = [{"low": bucket_low(i), "high": bucket_high(i), "tokens": int(sums[0, i]),
-                    "chi2_terms": float(sums[1, i]), "ratio_sum": float(sums[2, i])}
+                    "chi2_terms": float(sums[1, i]), "ratio_sum": float(sums[2, i]), "exp_abs_sum": float(sums[3, i])}
                    for i in np.flatnonzero(sums[0]).tolist()]
-        keys = ("tokens", "k3", "k1", "bitwise_equal", "x", "y", "xx", "yy", "xy", "pairs", "shift_aligned",
+        keys = ("tokens", "k3", "k1", "ratio_capped", "ratio_capped_sq", "bitwise_equal", "x", "y", "xx", "yy", "xy",
+                "pairs", "shift_aligned",
                 "shift_forward", "shift_backward", *(f"{kind}_{side}" for kind in ("zero", "repeat", "fill")
                                                     for side in SIDES))
         out: dict[str, Any] = {key: s.get(key) for key in keys}
@@ -280,6 +294,7 @@ def values(table: dict[str, Any]) -> dict[str, float]:
     sxy = table["xy"] - x * y / n
     slope = sxy / sxx if sxx > 0 else math.nan
     k1, k3 = table["k1"], table["k3"]
+    mean, error = ratio_mean_test(table)
     aligned = table["shift_aligned"]
     shifted = min(table["shift_forward"], table["shift_backward"])
     return {
@@ -290,7 +305,19 @@ def values(table: dict[str, Any]) -> dict[str, float]:
         "constant_fill_fraction_old": table["fill_old"] / n,
         "constant_fill_fraction_rollout": table["fill_rollout"] / n,
         "k3_k1_ratio": k3 / k1 if k1 != 0 else math.nan,
+        "ratio_mean": mean,
+        "ratio_mean_se": error,
     }
+
+
+def ratio_mean_test(table: dict[str, Any]) -> tuple[float, float]:
+    """Token-mean of min(ratio, e) and its standard error (NaN with fewer than 2 tokens)."""
+    n = table["tokens"]
+    if n < 2:
+        return math.nan, math.nan
+    mean = table["ratio_capped"] / n
+    variance = max(table["ratio_capped_sq"] / n - mean * mean, 0.0) * n / (n - 1)
+    return mean, math.sqrt(variance / n)
 
 
 def _place(meta: dict[str, Any], token: int) -> dict[str, Any]:

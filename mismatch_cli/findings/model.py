@@ -17,6 +17,7 @@ class Finding:
     title: str  # one line
     evidence: dict[str, Any] = field(default_factory=dict)  # numbers (and the file / row / position they point at)
     detail: str = ""  # one sentence with the numbers
+    fix: str = ""  # for a bug: what to change, in the trainer's or engine's own settings ("" for a symptom)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping."""
@@ -26,7 +27,7 @@ class Finding:
     def from_dict(cls, data: dict[str, Any]) -> Finding:
         """Rebuild a finding from its JSON mapping."""
         return cls(code=data["code"], severity=data["severity"], title=data["title"],
-                   evidence=dict(data.get("evidence", {})), detail=data.get("detail", ""))
+                   evidence=dict(data.get("evidence", {})), detail=data.get("detail", ""), fix=data.get("fix", ""))
 
 
 def percent(fraction: float) -> str:

@@ -39,12 +39,14 @@ from mismatch_cli.findings.model import Finding, percent
 FILL_MIN_FRACTION = 1e-3
 FILL_MIN_TOKENS = 10
 SHIFT_MAX_RATIO = 0.5
+SHIFT_MIN_PAIRS = 10  # as FILL_MIN_TOKENS: a handful of pairs can line up by chance
 SLOPE_TOLERANCE = 0.05
 K3_K1_BAND = (0.5, 2.0)
 RATIO_MEAN_TOLERANCE = 0.01
 MIN_Z = 5.0
 BULK_LOG_RATIO = 1.0  # the k3 / k1 test's mean ratio is taken over tokens with |d| below this
 MIN_PEARSON = 0.9
+PROCESSED_MIN_BELOW = 0.8  # processed log-probs: the share of tokens whose ratio is below 1
 BITWISE_INFO_FRACTION = 0.5
 
 
@@ -61,7 +63,10 @@ def identical_sides(metrics: dict[str, Any], table: dict[str, Any]) -> list[Find
     return [Finding("identical_sides", "warning", "old and rollout log-probs are identical: nothing to measure",
                     {"tokens": tokens, "bitwise_equal_fraction": 1.0},
                     f"All {tokens} valid tokens are bitwise equal on both sides: the same tensor dumped twice, "
-                    "or a deterministic-inference run that reached 0 diff.")]
+                    "or a deterministic-inference run that reached 0 diff.",
+                    fix="dump the engine's own log-probs as rollout_log_probs, not the trainer's twice (verl: "
+                        "actor_rollout_ref.rollout.calculate_log_probs=True); ignore this for a deterministic-"
+                        "inference run that reached 0 diff")]
 
 
 def bitwise_equal(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
@@ -96,14 +101,17 @@ def constant_fill(metrics: dict[str, Any], table: dict[str, Any]) -> list[Findin
             evidence,
             f"{fills} valid tokens ({percent(fraction)}) have a {side} log-prob of exactly 0.0 ({zero} in all) or "
             f"one repeating the previous token's ({repeat} in all) while the {other} side differs by more than "
-            "ln 2: the dump pads that side instead of holding its log-probs."))
+            "ln 2: the dump pads that side instead of holding its log-probs.",
+            fix=f"write the {side} side's real log-probs where the mask is 1 (pad only where it is 0)"
+                + (": in verl, actor_rollout_ref.rollout.calculate_log_probs=True makes the engine return them"
+                   if side == "rollout" else "")))
     return found
 
 
 def shifted_streams(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
     """The rollout stream matches the old one better when shifted by one token inside rows."""
     ratio = _get(metrics, "shift_residual_ratio")
-    if ratio is None or ratio >= SHIFT_MAX_RATIO:
+    if ratio is None or ratio >= SHIFT_MAX_RATIO or table["pairs"] < SHIFT_MIN_PAIRS:
         return []
     late = table["shift_forward"] <= table["shift_backward"]
     direction = "one token late" if late else "one token early"
@@ -113,7 +121,9 @@ def shifted_streams(metrics: dict[str, Any], table: dict[str, Any]) -> list[Find
          "pairs": table["pairs"], "aligned_residual": table["shift_aligned"],
          "shifted_residual": min(table["shift_forward"], table["shift_backward"])},
         f"Over {table['pairs']} adjacent token pairs, old[t] against rollout[t{'+' if late else '-'}1] leaves "
-        f"{ratio:.3g} times the squared residual of the aligned streams: an off-by-one between the two sides.")]
+        f"{ratio:.3g} times the squared residual of the aligned streams: an off-by-one between the two sides.",
+        fix="align the two sides token for token: the logits at position t - 1 predict token t, so gather the "
+            "response's log-probs from logits[:, -response_length - 1:-1]")]
 
 
 def slope_standard_error(table: dict[str, Any]) -> float:
@@ -140,12 +150,17 @@ def temperature_mismatch(metrics: dict[str, Any], table: dict[str, Any]) -> list
     if not z >= MIN_Z:
         return []
     shown = f"{temperature:.3g}" if temperature is not None else "undefined"
+    side = "further below 1" if slope > 1 else "further above 1"
     return [Finding(
-        "temperature_mismatch", "warning", f"rollout log-probs scale like temperature {shown} against old ones",
+        "temperature_mismatch", "error", f"rollout log-probs scale like temperature {shown} against old ones",
         {"temperature_slope": slope, "best_fit_temperature": temperature, "slope_standard_error": error, "z": z},
         f"The rollout log-prob is {slope:.3g} times the old one on average (best-fit temperature {shown}, "
-        f"{z:.3g} standard errors from 1): the two sides use different sampling temperatures or log-prob "
-        "processing.")]
+        f"{z:.3g} standard errors from 1; the fit is pulled toward 1, so the real ratio of temperatures is "
+        f"{shown} or {side}): the two sides use different sampling temperatures.",
+        fix=f"score the trainer's log-probs at the sampling temperature (about {shown} of the trainer's, or "
+            f"{side}): divide the logits by the rollout temperature before log_softmax, as verl does with "
+            "actor_rollout_ref.rollout.temperature, TRL with GRPOConfig.temperature and slime with "
+            "--rollout-temperature")]
 
 
 def ratio_moments(table: dict[str, Any]) -> tuple[float, float, int]:
@@ -184,6 +199,36 @@ def k3_k1_ratio(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]
         "distribution its tokens were sampled from.")]
 
 
+def processed_logprobs(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
+    """The rollout side renormalized over a top-p / top-k support: every ratio is the kept mass, below 1."""
+    mean, error = _get(metrics, "ratio_mean"), _get(metrics, "ratio_mean_se")
+    below = _get(metrics, "log_ratio_neg_fraction")
+    if mean is None or error is None or below is None or not 1.0 - mean >= RATIO_MEAN_TOLERANCE:
+        return []
+    z = (1.0 - mean) / error if error > 0 else math.inf
+    if not z >= MIN_Z or below < PROCESSED_MIN_BELOW:
+        return []
+    lowest = _get(metrics, "log_ratio_p001")
+    kept_low = math.exp(lowest) if lowest is not None and lowest <= 0 else None
+    zeros, tokens = table["zero_rollout"], table["tokens"]
+    evidence = {"ratio_mean": mean, "ratio_mean_standard_error": error, "z": z, "ratio_below_1_fraction": below,
+                "kept_mass_p001": kept_low, "rollout_exact_zero_tokens": zeros,
+                "rollout_exact_zero_fraction": zeros / tokens if tokens else None}
+    floor = f", 0.1 % quantile {kept_low:.3g}" if kept_low is not None else ""
+    ones = (f"; {zeros} tokens ({percent(zeros / tokens)}) have a rollout log-prob of exactly 0.0, a nucleus of "
+            "one token") if zeros else ""
+    return [Finding(
+        "processed_logprobs", "error",
+        f"the rollout log-probs look renormalized over a top-p / top-k nucleus (kept mass {mean:.3g})",
+        evidence,
+        f"The token ratio averages {mean:.4g} ({z:.3g} standard errors below the 1 it must be when the rollout "
+        f"side is the distribution its tokens were sampled from) and is below 1 on {percent(below)} of tokens: "
+        f"each ratio is the probability mass the truncation kept (token-mean {mean:.3g}{floor}){ones}.",
+        fix="compare like with like: sample training rollouts with top_p=1.0 and top_k=-1, or renormalize the "
+            "trainer's log-probs over the same top-p / top-k support (prime-rl PR #2601, TRL PR #7269); vLLM's "
+            "logprobs_mode=processed_logprobs returns log-probs renormalized over the truncated support")]
+
+
 def collapsed_correlation(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
     """The probabilities of the two sides barely correlate."""
     pearson = _get(metrics, "prob_pearson_corr")
@@ -205,9 +250,12 @@ def signatures(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
         return found
     structural = constant_fill(metrics, table) + shifted_streams(metrics, table)
     found = structural + bitwise_equal(metrics, table)
-    if not structural:
+    processed = [] if structural else processed_logprobs(metrics, table)
+    if not structural and not processed:
         found += temperature_mismatch(metrics, table)
-    return found + k3_k1_ratio(metrics, table) + collapsed_correlation(metrics, table)
+    # k3 / k1 off is the processed log-probs' symptom: it is shown as a finding of its own only without them.
+    return found + processed + ([] if processed else k3_k1_ratio(metrics, table)) + collapsed_correlation(metrics,
+                                                                                                         table)
 
 
 __all__ = ["signatures"]

@@ -21,6 +21,15 @@ IS_STD_BAND = Band(None, 1.0, VERL_DOCS)
 KL_BAND = Band(None, 0.1, VERL_DOCS, absolute=True)
 CHI2_BAND = Band(None, 1.0, VERL_DOCS)
 VETO_BAND = Band(None, 0.1, VERL_DOCS)
+SEQ_ESS_BAND = Band(0.3, None, "verl docs/algo/rollout_corr.md, its IS ESS band applied to the raw sequence weights "
+                    "(checked when the correction is sequence-level)")
+# The engines' agreement itself: no correction changes these, so they judge the log-probs, not the weights.
+PROB_DIFF_BAND = Band(None, 0.01, "verl docs/faq/faq.rst: training/rollout_probs_diff_mean below 0.005 is normal, "
+                      "above 0.01 a precision problem in the inference engine")
+MULT_PROB_ERROR_BAND = Band(None, 1.05, "NeMo-RL tests/test_suites/llm/*.sh: a run fails when "
+                            "train/token_mult_prob_error reaches 1.05")
+RATIO_MEAN_BAND = Band(0.99, 1.01, "E_rollout[pi_train / pi_rollout] = 1 (the importance-sampling identity); "
+                       "out of band only when also 5 standard errors from 1 (mismatch)")
 # ------------------------------------------------------------------ minimal practical differences
 # compare calls a change smaller than these "=" (no practical change), never worse or better; docs/ci.md
 # lists them with their reasons. (amount, relative): relative amounts are a fraction of |base|.
@@ -251,14 +260,21 @@ def _diagnostics() -> list[Metric]:
         diag("logprob_abs_diff_mean", TOKEN_MEAN, "nats", LOWER, "|old − rollout| log-prob",
              practical_difference=SCALE_FREE_DIFFERENCE, practical_relative=True),
         diag("logprob_abs_diff_max", "max over valid tokens", "nats", LOWER, "the largest |old − rollout| log-prob"),
-        diag("token_mult_prob_error", TOKEN_MEAN, "ratio", LOWER, "NeMo-RL's exp|d| (1 when the sides agree)"),
+        diag("token_mult_prob_error", TOKEN_MEAN, "ratio", LOWER, "NeMo-RL's exp|d| (1 when the sides agree)",
+             label="NeMo-RL token_mult_prob_error", band=MULT_PROB_ERROR_BAND),
+        diag("ratio_mean", "token-mean over valid tokens of min(exp(d), e)", "ratio", CLOSER_TO_1,
+             "1 when the rollout side reports the distribution its tokens were sampled from, whatever the "
+             "precision; below 1: probability mass missing (top-p / top-k renormalized log-probs, a 0.0 fill)",
+             label="token ratio mean", band=RATIO_MEAN_BAND),
+        diag("ratio_mean_se", "standard error of ratio_mean", "ratio", NONE,
+             "the sampling error of diag/ratio_mean (sample std / sqrt(tokens))"),
         diag("log_ratio_mean", TOKEN_MEAN, "nats", LOWER_ABS, "signed bias d: a top-p / top-k offset that the mean "
              "|d| hides"),
         diag("log_ratio_median", "median over valid tokens (sketch)", "nats", LOWER_ABS, "the median of d"),
         diag("log_ratio_neg_fraction", TOKEN_FRACTION, "fraction", NONE, "share of tokens with d < 0 (about 0.5 "
              "without bias)"),
         diag("prob_abs_diff_mean", TOKEN_MEAN, "probability", LOWER, "|exp(old) − exp(rollout)| (verl's "
-             "training/rollout_probs_diff_mean)"),
+             "training/rollout_probs_diff_mean)", label="mean |p_train − p_rollout|", band=PROB_DIFF_BAND),
         diag("prob_abs_diff_max", "max over valid tokens", "probability", LOWER, "the largest |exp(old) − "
              "exp(rollout)|"),
         diag("prob_abs_diff_std", "sample std over valid tokens", "probability", LOWER, "spread of |exp(old) − "
@@ -271,7 +287,8 @@ def _diagnostics() -> list[Metric]:
              "token ratios (no truncation)", label="ESS of raw token ratios", band=RAW_ESS_BAND,
              practical_difference=ESS_DIFFERENCE),
         diag("ess_seq_kish", "over valid rows, in (0, 1]", "fraction", HIGHER, "Kish's (Σw)² / (n Σw²), "
-             "w = exp(clamp(S, ±20)) per row", practical_difference=ESS_DIFFERENCE),
+             "w = exp(clamp(S, ±20)) per row", label="ESS of raw sequence ratios", band=SEQ_ESS_BAND,
+             practical_difference=ESS_DIFFERENCE),
         # The bug signatures' numbers (engine/signatures.py; docs/report.md, "Findings").
         diag("bitwise_equal_fraction", TOKEN_FRACTION, "fraction", NONE, "share of tokens with old == rollout "
              "bit for bit (1.0: the same tensor twice, or a deterministic-inference run)"),

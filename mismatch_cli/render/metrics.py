@@ -69,7 +69,9 @@ def render_metrics_markdown(metrics: list[Metric]) -> str:
         "Notation: d = old − rollout log-prob of a valid token (mask 1, finite), ratio = exp(d), S = a row's",
         "sum of d. \"Better\" is the direction `compare` judges changes by (`none`: a count or an informational",
         "value); the health summary applies the bands of `rollout_corr/rollout_is_mean`, `_eff_sample_size`,",
-        "`_std`, `kl`, `chi2_token` (and their older-family keys) and of `diag/ess_token` when IS is off.",
+        "`_std`, `kl`, `chi2_token` (and their older-family keys), of `diag/ess_token` when IS is off, of",
+        "`diag/ess_seq_kish` for a sequence-level correction, and, to the log-probs themselves, of",
+        "`diag/prob_abs_diff_mean`, `diag/token_mult_prob_error` and `diag/ratio_mean` (docs/report.md).",
         "Formulas in detail: [verl-semantics.md](verl-semantics.md), [legacy-semantics.md](legacy-semantics.md).",
         "",
         "Placeholders in keys: " + "; ".join(f"`{{{name}}}` {text}" for name, text in PLACEHOLDER_HELP.items())

@@ -15,6 +15,7 @@ from rich.markup import escape
 
 from mismatch_cli.findings.model import percent
 from mismatch_cli.metrics import lookup
+from mismatch_cli.metrics.notes import explain
 from mismatch_cli.render.cells import format_value
 from mismatch_cli.report import Report
 
@@ -56,7 +57,7 @@ class Lines:
 
 
 def _checks_line(check: Mapping[str, Any]) -> str:
-    mark = "ok " if check["ok"] else "OUT"
+    mark = "ok " if check["ok"] else "few" if check.get("few_tokens") else "OUT"
     return f"{mark} {check['label']}: {format_value(check['value'])} (healthy: {check['healthy_range']})"
 
 
@@ -82,15 +83,27 @@ def _correction(report: Report) -> str:
 def _health(out: Lines, report: Report) -> None:
     summary = report.summary
     checks = summary.get("checks", [])
-    failing = [c for c in checks if not c["ok"]]
+    failing = [c for c in checks if not c["ok"] and not c.get("few_tokens")]
+    few = [c for c in checks if c.get("few_tokens")]
     status = str(summary.get("status", "healthy")).upper()
     basis = (summary.get("after") or summary.get("before") or {}).get("basis", "")
-    head = f"Health: {status}"
-    if checks:
-        head += f" - {len(failing)} of {len(checks)} checks out of band" if failing else " - every check in band"
-    out.add(head + (f" ({basis})" if basis else ""), style="bold red" if failing else "bold green")
+    diagnosis = summary.get("diagnosis") or {}
+    if diagnosis.get("kind") == "bug":
+        out.add(f"Health: BUG IN THE DUMP OR CONFIG - {diagnosis['title']}", style="bold red")
+    else:
+        head = f"Health: {status}"
+        if checks:
+            head += f" - {len(failing)} of {len(checks)} checks out of band" if failing else " - every check in band"
+            head += f" but {len(few)}, out through a few tokens" if few and not failing else ""
+        shown = f" ({basis})" if basis and not (few and not failing) else ""
+        out.add(head + shown, style="bold red" if failing else "bold green")
     for check in checks:
         out.add(_checks_line(check), indent=2, hang=4, style="" if check["ok"] else "red")
+        note = explain(check["metric"], check["value"], report.metrics)
+        if check.get("few_tokens"):
+            note = f"out through {check['few_tokens']} tokens only (see Why): a correction's job, not precision"
+        if note:
+            out.add(note, indent=6, hang=2)
     before, after = summary.get("before"), summary.get("after")
     if after and before and before.get("status") != after.get("status"):
         out.add(f"before the correction (raw ratios): {str(before['status']).upper()}"
@@ -110,7 +123,7 @@ def _findings(out: Lines, findings: list[Mapping[str, Any]], causes: bool) -> No
     else:
         out.heading("Dump checks (bug signatures)")
         if not chosen:
-            out.add("none found: no constant fill, shift, temperature or identical-sides signature", indent=2)
+            out.add("none found (fill, shift, temperature, processed log-probs, identical sides)", indent=2)
             return
     for finding in chosen[:SHOWN_FINDINGS]:
         mark = SEVERITY_MARK.get(str(finding.get("severity")), "- ")
@@ -133,27 +146,32 @@ def _cost(cost: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _recommendation(out: Lines, recommendation: Mapping[str, Any] | None,
-                    broken: list[Mapping[str, Any]]) -> None:
-    if not recommendation and not broken:
+def _recommendation(out: Lines, recommendation: Mapping[str, Any] | None, diagnosis: Mapping[str, Any]) -> None:
+    fix = (recommendation or {}).get("fix") or ({"text": diagnosis["fix"]} if diagnosis.get("fix") else None)
+    if not recommendation and not fix:
         return
     out.heading("What to do")
-    if broken:
-        # A correction reweights real log-probs; it cannot repair a dump whose log-probs are not real.
-        out.add(f"fix the dump first: {broken[0].get('title', '')} (see Dump checks); no correction repairs "
-                "a broken dump, so the numbers below measure the bug, not the engines", indent=2, hang=4,
-                style="red")
+    if fix and diagnosis.get("kind") == "bug":
+        # A correction reweights real log-probs; it cannot repair log-probs that are not the engine's.
+        out.add(f"fix first: {fix['text']}", indent=2, hang=4, style="red")
+        out.add("no correction is recommended until then: the numbers above measure the bug, not the engines; "
+                "run mismatch analyze again on a dump made after the fix", indent=2, hang=4)
+        return
+    if fix:
+        out.add(f"at the source: {fix['text']}", indent=2, hang=4)
     if not recommendation:
         return
     if recommendation.get("scenario"):
         preset = f" (= --preset {recommendation['preset']})" if recommendation.get("preset") else ""
-        out.add(f"turn on {recommendation['scenario']}: {recommendation['flags']}{preset}", indent=2, hang=4)
+        lead = "meanwhile, turn on" if fix else "turn on"
+        out.add(f"{lead} {recommendation['scenario']}: {recommendation['flags']}{preset}", indent=2, hang=4)
         out.add(f"cost: {_cost(recommendation.get('cost') or {})}", indent=2, hang=4)
         after = recommendation.get("health_after") or {}
         if after:
             values = ", ".join(f"{lookup(c['metric']).title if lookup(c['metric']) else c['metric']} "
                                f"{format_value(c['value'])}" for c in after.get("checks", []))
-            out.add(f"health after: {str(after.get('status')).upper()} ({values})", indent=2, hang=4)
+            kept = "; the log-prob checks stay as they are" if fix else ""
+            out.add(f"health after: {str(after.get('status')).upper()} ({values}){kept}", indent=2, hang=4)
         alternatives = [a["flags"] for a in recommendation.get("alternatives", [])[:2] if a.get("flags")]
         if alternatives:
             out.add(f"also in band: {'; '.join(alternatives)}", indent=2, hang=4)
@@ -210,6 +228,9 @@ def _key_metrics(out: Lines, report: Report) -> None:
         if interval:
             text += f"  [{format_value(interval[0])}, {format_value(interval[1])}]"
         out.add(text, indent=2, hang=4)
+        note = explain(key, report.metrics[key], report.metrics, interval)
+        if note:
+            out.add(note, indent=4, hang=2)
 
 
 def summary_lines(report: Report, width: int = 80, warnings: bool = True) -> list[tuple[str, str]]:
@@ -221,8 +242,7 @@ def summary_lines(report: Report, width: int = 80, warnings: bool = True) -> lis
     _health(out, report)
     findings = [f if isinstance(f, Mapping) else f.to_dict() for f in (getattr(report, "findings", None) or [])]
     _findings(out, findings, causes=True)
-    broken = [f for f in findings if f.get("severity") == "error" and f.get("code") != "concentrated_divergence"]
-    _recommendation(out, getattr(report, "recommendation", None), broken)
+    _recommendation(out, getattr(report, "recommendation", None), report.summary.get("diagnosis") or {})
     _findings(out, findings, causes=False)
     _drift(out, getattr(report, "drift", None))
     _key_metrics(out, report)

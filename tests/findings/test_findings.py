@@ -144,14 +144,23 @@ def test_deterministic_run_reports_bitwise_equality(tmp_path: Path, clean: Path)
     assert 0 < evidence["max_abs_log_ratio"] < 1e-5
 
 
-def test_top_p_renormalized_rollout_breaks_k3_k1(tmp_path: Path, clean: Path) -> None:
+def test_top_p_renormalized_rollout_is_named_processed_logprobs(tmp_path: Path, clean: Path) -> None:
     # A rollout side renormalized over a top-p set of mass 0.9: every rollout log-prob is log p - log 0.9.
     old, rollout, mask = rows_of(clean)
     processed = [(r - np.log(np.float32(0.9))).astype(np.float32) for r in rollout]
     found = findings(write(tmp_path / "topp.parquet", old, processed, mask))
-    evidence = found["k3_k1_ratio"]["evidence"]
+    finding = found["processed_logprobs"]
+    assert finding["severity"] == "error" and finding["fix"]
+    rows = zip(old, processed, mask, strict=True)
+    d = np.concatenate([(o - p).astype(np.float64)[m.astype(bool)] for o, p, m in rows])
+    capped = np.exp(np.minimum(d, 1.0))
+    evidence = finding["evidence"]
+    assert evidence["ratio_mean"] == pytest.approx(capped.mean(), rel=1e-6)
+    assert evidence["ratio_mean_standard_error"] == pytest.approx(capped.std(ddof=1) / np.sqrt(d.size), rel=1e-4)
+    assert evidence["ratio_below_1_fraction"] == pytest.approx((d < 0).mean(), abs=1e-9)
     assert abs(evidence["ratio_mean"] - 0.9) < 0.01
-    assert evidence["k3_k1_ratio"] < 0.5
+    # Its symptoms are not reported beside it.
+    assert "k3_k1_ratio" not in found and "temperature_mismatch" not in found
 
 
 @pytest.mark.parametrize("turns", [1, 3])

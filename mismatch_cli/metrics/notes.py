@@ -1,0 +1,55 @@
+"""What a strange-looking value means: one short line for a number that seems impossible or contradicts its band.
+
+Each rule follows from the metric's definition (docs/metrics.md, "Numbers that look wrong"):
+χ² = E[ratio²] − 1 is ≥ 0 in expectation only while the mean ratio is 1, so a negative χ² says the
+sample's mean ratio is below 1; k3 = exp(d) − d − 1 is ≥ 0 for every token, so a negative k3 is float32
+rounding of near-equal log-probs; k1 estimates KL(rollout || train) ≥ 0, so a negative k1 is sampling
+noise (or a rollout side that is not the distribution it sampled from); an interval that holds 0 cannot
+tell the value from no mismatch at all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+RATIO_MEAN = "diag/ratio_mean"
+NOISE_Z = 5.0  # as the health check of the ratio mean: closer to 1 than this many standard errors is noise
+KL_NOISE = 0.1  # verl's KL band: a k1 further below 0 than this is no longer noise around 0
+
+
+def _ratio_off(metrics: Mapping[str, Any]) -> bool | None:
+    """Whether the token ratio mean is significantly below 1 (None when unknown)."""
+    mean, error = metrics.get(RATIO_MEAN), metrics.get(RATIO_MEAN + "_se")
+    if not isinstance(mean, (int, float)) or not isinstance(error, (int, float)) or not error > 0:
+        return None
+    return (1.0 - mean) / error >= NOISE_Z and 1.0 - mean >= 0.01
+
+
+def explain(key: str, value: Any, metrics: Mapping[str, Any], interval: Sequence[float] | None = None) -> str | None:
+    """One short line on what a negative, below-1 or 0-straddling value of `key` means, or None."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return None
+    name = key.split("/")[-1]
+    off = _ratio_off(metrics)
+    if name in ("chi2_token", "chi2_seq") and value < 0:
+        if off:
+            return ("negative: the mean ratio is below 1 (E[ratio²] - 1 >= 0 needs a mean ratio of 1), so "
+                    "probability mass is missing on the rollout side")
+        return "negative: the sample's mean ratio fell just below 1 (float32 residue or noise); read it as 0"
+    if name in ("k3_kl", "mismatch_k3_kl") and value < 0:
+        return "negative: k3 is >= 0 for every token, so this is float32 rounding of near-equal log-probs (read 0)"
+    if name in ("kl", "mismatch_kl") and value < 0:
+        if off or value < -KL_NOISE:
+            return "negative beyond noise: the rollout side is not the distribution its tokens were sampled from"
+        return "negative: sampling noise around 0 (k1 estimates a KL, which is >= 0)"
+    if name == "ratio_mean" and value < 1:
+        if off:
+            return f"below 1: {100 * (1 - value):.2g} % of the probability mass is missing on the rollout side"
+    if interval is not None and len(interval) >= 2 and interval[0] < 0 < interval[1]:
+        return "the interval holds 0: not distinguishable from no mismatch"
+    return None
+
+
+__all__ = ["explain"]
