@@ -182,8 +182,10 @@ def _correction_notes(reports: Mapping[str, Report]) -> list[str]:
 
 
 def compare_runs(runs: Sequence[tuple[str, Report]], sources: Sequence[str] | None = None,
-                 min_difference: Mapping[str, float | str | None] | None = None) -> RunsComparison:
-    """Put finished reports side by side, one row per headline metric (any run has), by label.
+                 min_difference: Mapping[str, float | str | None] | None = None,
+                 metrics: Sequence[str] | None = None) -> RunsComparison:
+    """Put finished reports side by side, by label: one row per headline metric any run has (or per key of
+    `metrics`, in that order).
 
     `min_difference` overrides the registry's minimal practical differences as in `compare_reports`; a
     relative amount ("N%") is a fraction of the smaller |value| of the best and the worst run.
@@ -196,9 +198,12 @@ def compare_runs(runs: Sequence[tuple[str, Report]], sources: Sequence[str] | No
         raise UsageError(f"two runs have the same label {repeated[0]!r}", hint="give every run its own label")
     reports = dict(runs)
     differences = resolve_min_differences(min_difference)
-    keys = [k for k in HEADLINE if any(k in r.metrics for r in reports.values())]
-    keys += sorted({k for r in reports.values() for k in r.metrics
-                    if k not in keys and "veto" in k and "fraction" in k})
+    if metrics is not None:
+        keys = list(dict.fromkeys(metrics))
+    else:
+        keys = [k for k in HEADLINE if any(k in r.metrics for r in reports.values())]
+        keys += sorted({k for r in reports.values() for k in r.metrics
+                        if k not in keys and "veto" in k and "fraction" in k})
     rows = [_row(key, reports, differences) for key in keys]
     if not any(all(v is not None for v in row.values.values()) for row in rows):
         lacking = next((label for label, r in reports.items() if not any(_value(r, k) is not None for k in keys)),
