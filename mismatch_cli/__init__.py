@@ -6,7 +6,7 @@ from typing import Any
 
 from mismatch_cli.version import __version__
 
-__all__ = ["__version__", "analyze", "compare", "check", "Report", "CorrectionConfig", "write_dump"]
+__all__ = ["__version__", "analyze", "compare", "compare_many", "check", "Report", "CorrectionConfig", "write_dump"]
 
 
 def __getattr__(name: str) -> Any:
@@ -15,7 +15,7 @@ def __getattr__(name: str) -> Any:
         from mismatch_cli.api import analyze
 
         return analyze
-    if name in ("compare", "check"):
+    if name in ("compare", "compare_many", "check"):
         from mismatch_cli import gate
 
         return getattr(gate, name)

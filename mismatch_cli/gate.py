@@ -20,6 +20,7 @@ from mismatch_cli.comparison import (
 )
 from mismatch_cli.correction import CorrectionConfig
 from mismatch_cli.errors import MismatchError, MissingGroupError, UsageError
+from mismatch_cli.nway import RunsComparison, compare_runs, default_labels, refuse_repeated_inputs
 from mismatch_cli.report import Report
 from mismatch_cli.thresholds import (
     MISSING_POLICIES,
@@ -69,6 +70,33 @@ class CompareResult:
         import pandas as pd
 
         return pd.DataFrame([row.to_dict() for row in self.comparison.rows])
+
+
+@dataclass
+class RunsResult:
+    """Two or more runs side by side (no reference): the comparison and every run's report."""
+
+    comparison: RunsComparison
+    runs: list[Sided]
+
+    @property
+    def exit_code(self) -> int:
+        """What `mismatch compare A B C ...` exits with: 0 (no limits apply to several runs)."""
+        return 0
+
+    def verdict(self) -> str:
+        """The one-line verdict `mismatch compare` prints."""
+        return self.comparison.verdict()
+
+    def table(self) -> Any:
+        """One row per metric and run (metric, run, value, low, high, best, worst) as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame([
+            {"metric": row.metric, "run": label, "value": row.values[label],
+             "low": (row.intervals[label] or [None, None])[0], "high": (row.intervals[label] or [None, None])[1],
+             "best": row.best == label, "worst": row.worst == label}
+            for row in self.comparison.rows for label in self.comparison.labels])
 
 
 @dataclass
@@ -174,31 +202,80 @@ def compare(base: Side, candidate: Side, rules: Sequence[str | Rule] = (), missi
     base, candidate = _path_or_report(base, "base"), _path_or_report(candidate, "candidate")
     _known_options(analyze_options)
     _, rule_list, policy = gather_rules(rules, config, missing)
-    if min_difference is not None and not isinstance(min_difference, Mapping):
-        if isinstance(min_difference, str) or not isinstance(min_difference, Sequence):
-            min_difference = [min_difference]  # type: ignore[list-item]
-        if not all(isinstance(text, str) for text in min_difference):
-            raise UsageError(f"min_difference must map metrics to amounts, got {min_difference!r}",
-                             hint="pass min_difference={'kl': 1e-4, 'chi2_token': '5%'} (or 'kl=1e-4' strings)")
-        min_difference = parse_min_differences(list(min_difference), "min_difference")
+    min_difference = _min_differences(min_difference)
     analyze = _analyzer({"correction": correction, **analyze_options}, rule_list)
     base_side = _side(base, analyze, labels[0] if labels else None)
     candidate_side = _side(candidate, analyze, labels[1] if labels else None)
     comparison = compare_reports(base_side.report, candidate_side.report, rule_list, policy, base_side.label,
                                  candidate_side.label, min_difference=min_difference)
+    comparison.notes += _side_notes([base_side, candidate_side], correction, analyze_options)
+    return CompareResult(comparison, base_side, candidate_side)
+
+
+def _min_differences(min_difference: Mapping[str, float | str | None] | Sequence[str] | None,
+                     ) -> Mapping[str, float | str | None] | None:
+    """The caller's minimal practical differences as a mapping (`METRIC=AMOUNT` strings parsed)."""
+    if min_difference is None or isinstance(min_difference, Mapping):
+        return min_difference
+    if isinstance(min_difference, str) or not isinstance(min_difference, Sequence):
+        min_difference = [min_difference]  # type: ignore[list-item]
+    if not all(isinstance(text, str) for text in min_difference):
+        raise UsageError(f"min_difference must map metrics to amounts, got {min_difference!r}",
+                         hint="pass min_difference={'kl': 1e-4, 'chi2_token': '5%'} (or 'kl=1e-4' strings)")
+    return parse_min_differences(list(min_difference), "min_difference")
+
+
+def _side_notes(sides: list[Sided], correction: CorrectionConfig | None, analyze_options: Mapping[str, Any],
+                ) -> list[str]:
+    """What the flags could not do to the sides that are reports: another correction, a missing --by table."""
+    notes: list[str] = []
     if correction is not None:
         requested = correction.to_dict()
-        for side in (base_side, candidate_side):
+        for side in sides:
             if side.from_report:
-                comparison.notes += correction_notes(side.label, side.report, requested)
+                notes += correction_notes(side.label, side.report, requested)
     asked = [*(["step"] if analyze_options.get("by_step") else []), *analyze_options.get("group_by", ())]
-    for side in (base_side, candidate_side):
+    for side in sides:
         made = [*(["step"] if side.report.config.get("by_step") else []), *side.report.config.get("group_by", [])]
         lacking = [column for column in asked if column not in made]
         if side.from_report and lacking:  # --by does not re-analyze a report: say so rather than ignore it
-            comparison.notes.append(f"{side.label} is a report made without --by {', '.join(lacking)}; --by does "
-                                    "not apply to a report (re-analyze its dumps with --by)")
-    return CompareResult(comparison, base_side, candidate_side)
+            notes.append(f"{side.label} is a report made without --by {', '.join(lacking)}; --by does "
+                         "not apply to a report (re-analyze its dumps with --by)")
+    return notes
+
+
+def compare_many(runs: Sequence[Side], correction: CorrectionConfig | None = None,
+                 config: str | Path | None = None, labels: Sequence[str] | None = None,
+                 min_difference: Mapping[str, float | str | None] | Sequence[str] | None = None,
+                 **analyze_options: Any) -> RunsResult:
+    """Put two or more runs side by side as `mismatch compare A B C ...` does: no reference, best and worst.
+
+    Each run is analyzed (or read back) on its own, so its numbers do not depend on the other runs or their
+    order. Labels default to the file stems (with parent folders where stems clash); the same file given
+    twice is a usage error. Limits (`[check]` in `config`) need a baseline and are not applied; a note says so.
+    """
+    given = [_path_or_report(run, f"run {i + 1}") for i, run in enumerate(runs)] if not isinstance(
+        runs, (str, Report, os.PathLike)) else []
+    if len(given) < 2:
+        raise UsageError(f"compare_many needs a list of two or more runs, got {runs!r}",
+                         hint="pass runs=['fp32.parquet', 'bf16.parquet', 'fp8.parquet'] (paths or Reports)")
+    if labels is not None and (isinstance(labels, str) or len(labels) != len(given)):
+        raise UsageError(f"labels must name each of the {len(given)} runs, got {labels!r}",
+                         hint="pass one label per run, or none for the file stems")
+    refuse_repeated_inputs([run for run in given if isinstance(run, str)])
+    _known_options(analyze_options)
+    differences = _min_differences(min_difference)
+    sources = [run if isinstance(run, str) else "report" for run in given]
+    names = list(labels) if labels is not None else default_labels(
+        [source if source != "report" else f"report{i + 1}" for i, source in enumerate(sources)])
+    analyze = _analyzer({"correction": correction, **analyze_options}, [])
+    sides = [_side(run, analyze, name) for run, name in zip(given, names, strict=True)]
+    comparison = compare_runs([(side.label, side.report) for side in sides], sources, min_difference=differences)
+    comparison.notes += _side_notes(sides, correction, analyze_options)
+    if config is not None and load_check_config(Path(config)).rules:
+        comparison.notes.append(f"the [check] limits of {config} are not applied: limits judge a candidate "
+                                "against a baseline, so they need exactly two runs")
+    return RunsResult(comparison, sides)
 
 
 def check(inputs: Sequence[str | os.PathLike] | str | os.PathLike | Report, rules: Sequence[str | Rule] = (),

@@ -24,7 +24,7 @@ from mismatch_cli.cli.options import (
     parse_by,
     read_options,
 )
-from mismatch_cli.errors import MismatchError
+from mismatch_cli.errors import MismatchError, UsageError
 
 LimitsConfigOpt = Annotated[
     Path | None, typer.Option("--config", help="TOML with [check] (fail_on, baseline, missing) and [correction].")
@@ -52,6 +52,10 @@ def _analyze_options(input_flags: InputFlags, compute: ComputeFlags, by: list[st
 def compare(
     base: Annotated[str, typer.Argument(help="The reference: a dump, a folder of dumps, or a report.json.")],
     candidate: Annotated[str, typer.Argument(help="Judged against BASE: a dump, a folder of dumps, or a report.json.")],
+    more: Annotated[list[str] | None, typer.Argument(
+        help="More runs: with three or more, every run side by side (no reference), best and worst per metric.",
+        show_default=False)] = None,
+    *,
     correction_flags: CorrectionFlags,
     input_flags: InputFlags,
     compute: ComputeFlags,
@@ -74,7 +78,8 @@ def compare(
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip the plots and compare.html in --out-dir.")] = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Compare two runs side by side (BASE is the reference); exit 1 only when a given limit is breached."""
+    """Compare two runs side by side (BASE is the reference), or three or more (best and worst per metric);
+    exit 1 only when a given limit is breached."""
     from mismatch_cli.cli.flags import correction_from_flags
     from mismatch_cli.comparison import parse_min_differences
     from mismatch_cli.gate import compare as run_compare
@@ -82,9 +87,16 @@ def compare(
     from mismatch_cli.render.files import compare_files
     from mismatch_cli.tomlconfig import load_table
 
+    if more and fail_on:
+        raise UsageError(f"--fail-on needs exactly two runs (a baseline and a candidate), got {2 + len(more)}",
+                         hint="compare two runs with limits, or hold each run to them with `mismatch check RUN`")
     correction = correction_from_flags(config, correction_flags)
     practical = parse_min_differences(min_difference)
     flags_given = correction_flags.given() or bool(config is not None and load_table(config, "correction"))
+    if more:
+        _compare_runs([base, candidate, *more], correction if flags_given else None, config, practical,
+                      _analyze_options(input_flags, compute, by), out_dir, output_format, output, no_plots, quiet)
+        return
     outputs = planned_outputs([base, candidate, config], out_dir, output)
     result = run_compare(base, candidate, fail_on, missing.value if missing else None,
                          correction=correction if flags_given else None, config=config, min_difference=practical,
@@ -107,6 +119,34 @@ def compare(
     note(quiet, comparison.verdict())
     if result.exit_code:
         raise typer.Exit(result.exit_code)
+
+
+def _compare_runs(runs: list[str], correction: Any, config: Path | None, practical: dict[str, str],
+                  analyze_options: dict[str, Any], out_dir: Path | None, output_format: OutputFormat,
+                  output: str | None, no_plots: bool, quiet: bool) -> None:
+    """`mismatch compare A B C ...`: every run side by side, then the verdict on stderr (always exit 0)."""
+    from mismatch_cli.gate import compare_many
+    from mismatch_cli.nway import refuse_repeated_inputs
+    from mismatch_cli.render.compare_nway import render_runs_json, render_runs_markdown, render_runs_table
+    from mismatch_cli.render.files import runs_files
+
+    refuse_repeated_inputs(runs)  # before any output is planned or any run is read
+    outputs = planned_outputs([*runs, config], out_dir, output)
+    result = compare_many(runs, correction=correction, config=config, min_difference=practical, **analyze_options)
+    comparison = result.comparison
+    rendered = Rendered.of(output_format, lambda: render_runs_json(comparison),
+                           lambda: render_runs_markdown(comparison),
+                           lambda console: render_runs_table(comparison, console))
+    for side in result.runs:
+        outputs.protect(entry.path for entry in side.report.inputs)
+    if out_dir is not None:
+        analyzed = {side.label: side.report for side in result.runs if not side.from_report}
+        for name, data in runs_files(comparison, analyzed, plots=not no_plots).items():
+            outputs.add(out_dir / name, data, "--out-dir")
+    deliver(outputs, output, rendered)
+    if out_dir is not None:
+        note(quiet, f"wrote {out_dir}/compare.json, compare.md" + ("" if no_plots else ", compare.html and a plot"))
+    note(quiet, comparison.verdict())
 
 
 @app.command()

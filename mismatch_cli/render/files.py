@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 from mismatch_cli.comparison import Comparison
+from mismatch_cli.nway import RunsComparison
 from mismatch_cli.report import Report
 
 
@@ -37,4 +40,24 @@ def compare_files(comparison: Comparison, base: Report, candidate: Report, repor
         images = render_compare_plots(comparison, base, candidate)
         files.update(images)
         files["compare.html"] = render_compare_html(comparison, images)
+    return files
+
+
+def runs_files(comparison: RunsComparison, reports: dict[str, Report], plots: bool = True) -> dict[str, str | bytes]:
+    """`compare.json`, `compare.md`, `LABEL_report.json` of each run analyzed from dumps (`reports`, by label),
+    the plot of every run per metric and `compare.html`."""
+    from mismatch_cli.render.compare_nway import render_runs_json, render_runs_markdown, render_runs_plot
+
+    files: dict[str, str | bytes] = {"compare.json": render_runs_json(comparison),
+                                     "compare.md": render_runs_markdown(comparison)}
+    for i, (label, report) in enumerate(reports.items()):
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("._") or f"run{i + 1}"
+        name = name if f"{name}_report.json" not in files else f"{name}_{i + 1}"
+        files[f"{name}_report.json"] = report.to_json()
+    if plots:
+        from mismatch_cli.render.compare_html import render_runs_html
+
+        images = render_runs_plot(comparison)
+        files.update(images)
+        files["compare.html"] = render_runs_html(comparison, images)
     return files

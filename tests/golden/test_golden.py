@@ -1,5 +1,5 @@
-"""Golden output: whole terminal outputs of analyze (summary and --full), compare, check, presets and metrics at
-80 and 120 columns.
+"""Golden output: whole terminal outputs of analyze (summary and --full), compare (two and three runs), check,
+presets and metrics at 80 and 120 columns.
 
 After an intended change to what a command prints, regenerate the snapshots with
 
@@ -32,6 +32,8 @@ CASES = {
     "analyze_preset_full": ("analyze", "sample_data/single_turn.parquet", "--preset", "decoupled_geo_rs_token_tis",
                             "--full", *FAST),
     "compare": ("compare", "sample_data/single_turn.parquet", "sample_data/multi_turn.parquet", *FAST),
+    "compare_3way": ("compare", "sample_data/single_turn.parquet", "sample_data/multi_turn.parquet",
+                     "sample_data/packed.safetensors", *FAST),
     "check": ("check", "sample_data/multi_turn.parquet", "--fail-on", "abs(rollout_corr/kl)<=0.01",
               "--fail-on", "rollout_corr/chi2_token<=1", *FAST),
     "presets": ("presets",),
