@@ -5,7 +5,8 @@ Each rule follows from the metric's definition (docs/metrics.md, "Numbers that l
 sample's mean ratio is below 1; k3 = exp(d) − d − 1 is ≥ 0 for every token, so a negative k3 is float32
 rounding of near-equal log-probs; k1 estimates KL(rollout || train) ≥ 0, so a negative k1 is sampling
 noise (or a rollout side that is not the distribution it sampled from); an interval that holds 0 cannot
-tell the value from no mismatch at all.
+tell the value from no mismatch at all; a mean probability difference between verl's "normal" 0.005 and its
+"problem" 0.01 is in band but worth watching.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 RATIO_MEAN = "diag/ratio_mean"
 NOISE_Z = 5.0  # as the health check of the ratio mean: closer to 1 than this many standard errors is noise
+PROB_DIFF_NORMAL, PROB_DIFF_PROBLEM = 0.005, 0.01  # verl docs/faq/faq.rst on rollout_probs_diff_mean
 KL_NOISE = 0.1  # verl's KL band: a k1 further below 0 than this is no longer noise around 0
 
 
@@ -37,9 +39,9 @@ def explain(key: str, value: Any, metrics: Mapping[str, Any], interval: Sequence
         if off:
             return ("negative: the mean ratio is below 1 (E[ratio²] - 1 >= 0 needs a mean ratio of 1), so "
                     "probability mass is missing on the rollout side")
-        return "negative: the sample's mean ratio fell just below 1 (float32 residue or noise); read it as 0"
+        return "negative: a mean ratio a hair below 1 (float32 residue, noise); read 0"
     if name in ("k3_kl", "mismatch_k3_kl") and value < 0:
-        return "negative: k3 is >= 0 for every token, so this is float32 rounding of near-equal log-probs (read 0)"
+        return "negative: float32 rounding (k3 >= 0 on every token); read 0"
     if name in ("kl", "mismatch_kl") and value < 0:
         if off or value < -KL_NOISE:
             return "negative beyond noise: the rollout side is not the distribution its tokens were sampled from"
@@ -47,6 +49,8 @@ def explain(key: str, value: Any, metrics: Mapping[str, Any], interval: Sequence
     if name == "ratio_mean" and value < 1:
         if off:
             return f"below 1: {100 * (1 - value):.2g} % of the probability mass is missing on the rollout side"
+    if name == "prob_abs_diff_mean" and PROB_DIFF_NORMAL < value <= PROB_DIFF_PROBLEM:
+        return "in band, but above the 0.005 that verl's FAQ calls normal: watch it"
     if interval is not None and len(interval) >= 2 and interval[0] < 0 < interval[1]:
         return "the interval holds 0: not distinguishable from no mismatch"
     return None
