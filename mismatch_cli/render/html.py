@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 from html import escape
 
+from mismatch_cli.render.html_lead import LEAD_STYLE, render_lead
+from mismatch_cli.render.lead import correction_text
 from mismatch_cli.render.plots import CAPTIONS
 from mismatch_cli.render.sections import Section, build_sections
 from mismatch_cli.report import Report
@@ -26,7 +28,7 @@ table { border-collapse: collapse; font-size: 13px; margin: 4px 0 8px; backgroun
 th, td { padding: 4px 10px; border-bottom: 1px solid #e6e8eb; text-align: right; white-space: nowrap; }
 th { background: #eef0f3; font-weight: 600; }
 td:first-child, th:first-child { text-align: left; }
-td.prose { text-align: left; white-space: normal; color: #444; }
+td.prose, th.prose { text-align: left; white-space: normal; color: #444; }
 tr.hl td { background: #fff3d6; font-weight: 600; }
 .scroll { overflow-x: auto; }
 .note { font-size: 12px; color: #555; margin: 0 0 10px; }
@@ -41,7 +43,8 @@ PROSE_COLUMNS = {"meaning", "healthy range", "file", "setting", "sequence"}
 
 def _table(section: Section, title: bool = True) -> str:
     prose = [column in PROSE_COLUMNS for column in section.columns]
-    head = "".join(f"<th>{escape(c)}</th>" for c in section.columns)
+    head = "".join(f'<th class="prose">{escape(c)}</th>' if prose[j] and j > 0 else f"<th>{escape(c)}</th>"
+                   for j, c in enumerate(section.columns))
     rows = []
     for i, row in enumerate(section.rows):
         cells = "".join(
@@ -63,41 +66,37 @@ def _figure(name: str, png: bytes) -> str:
 
 
 def render_html(report: Report, images: dict[str, bytes]) -> str:
-    """The report as one HTML document: summary, warnings, plots and every table of the terminal report."""
+    """The report as one HTML document: the answers of the terminal's first screen (render/html_lead.py), then
+    the evidence: the health table, the plots and every table of the terminal report."""
     sections = build_sections(report)
     status = str(report.summary.get("status", "healthy"))
     inputs = ", ".join(f"{item.path} ({item.sequences:,} sequences, {item.tokens:,} valid tokens)"
                        for item in report.inputs)
     config = report.config
-    correction = ", ".join(f"{key}={config[key]}" for key in ("semantics", "preset", "rollout_is",
-                                                               "rollout_is_threshold", "rollout_rs",
-                                                               "rollout_rs_threshold") if config.get(key) is not None)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>mismatch report: {escape(status)}</title>",
-        f"<style>{STYLE}</style></head><body><main>",
+        f"<style>{STYLE}{LEAD_STYLE}</style></head><body><main>",
         "<h1>mismatch report</h1>",
         f'<p class="meta">{escape(report.created_at)} · {escape(report.tool.get("name", ""))} '
         f'{escape(report.tool.get("version", ""))} · device {escape(str(config.get("device")))}, '
         f'{escape(str(config.get("dtype")))}</p>',
         f'<p class="meta">Inputs: {escape(inputs)}</p>',
-        f'<p class="meta">Correction: {escape(correction or "none (verl metrics-only mode)")}</p>',
-        f'<h2>Health <span class="status {escape(status)}">{escape(status)}</span></h2>',
+        f'<p class="meta">Correction: {escape(correction_text(config))} · semantics '
+        f'{escape(str(config.get("semantics", "verl")))}</p>',
+        render_lead(report),
+        '<h2 class="evidence">The evidence</h2>',
     ]
     health = next((s for s in sections if s.title.startswith("Health")), None)
     if health is not None:
-        parts.append(_table(health, title=False))
-    if report.warnings:
-        items = "".join(f"<li>{escape(w)}</li>" for w in report.warnings)
-        parts.append(f'<div class="warnings"><strong>Warnings</strong><ul>{items}</ul></div>')
+        parts.append(_table(Section("Health checks", health.columns, health.rows, health.highlight)))
     if images:
-        parts.append("<h2>Plots</h2>")
+        parts.append("<h3>Plots</h3>")
         figures = [_figure(name, images[name]) for name in CAPTIONS if name in images]
         figures += [_figure(name, png) for name, png in images.items() if name not in CAPTIONS]
         parts.append(f'<div class="plots">{"".join(figures)}</div>')
-    parts.append("<h2>Tables</h2>")
     for section in sections:
         if section is not health:
             parts.append(_table(section))

@@ -1,30 +1,34 @@
 """The first screen of `mismatch analyze`: is it healthy, why not, what to do, in about 40 lines.
 
 Every line is laid out here and wrapped only at spaces, so a number or a key is never split across
-lines whatever the terminal width; `--full` prints every table instead (render/table.py).
+lines whatever the terminal width; `--full` prints every table instead (render/table.py). The words
+come from render/lead.py, which report.html shares.
 """
 
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
-from mismatch_cli.findings.model import percent
-from mismatch_cli.metrics import lookup
-from mismatch_cli.metrics.notes import explain
-from mismatch_cli.render.cells import format_value
+from mismatch_cli.render.lead import (
+    BAD,
+    NO_BUG,
+    bug_signatures,
+    causes,
+    correction_text,
+    drift_lines,
+    findings_of,
+    inputs_text,
+    key_metrics,
+    verdict,
+    what_to_do,
+)
 from mismatch_cli.report import Report
 
-# The metrics shown under "Key metrics", when present, in this order (the health checks come first).
-KEY_METRICS = (
-    "rollout_corr/kl", "rollout_corr/k3_kl", "rollout_corr/chi2_token", "rollout_corr/chi2_seq",
-    "rollout_corr/ppl_ratio", "rollout_corr/rollout_is_eff_sample_size", "rollout_corr/rollout_rs_masked_fraction",
-    "diag/ess_token", "diag/prob_pearson_corr", "diag/logprob_abs_diff_max",
-)
 SHOWN_FINDINGS = 4
 SHOWN_WARNINGS = 2
 SHOWN_DRIFT = 3
@@ -56,74 +60,34 @@ class Lines:
         self.lines.append((text, "bold"))
 
 
-def _checks_line(check: Mapping[str, Any]) -> str:
-    mark = "ok " if check["ok"] else "few" if check.get("few_tokens") else "OUT"
-    return f"{mark} {check['label']}: {format_value(check['value'])} (healthy: {check['healthy_range']})"
-
-
-def _inputs(report: Report) -> str:
-    sequences = sum(item.sequences for item in report.inputs)
-    tokens = sum(item.tokens for item in report.inputs)
-    first = report.inputs[0].path if report.inputs else "no input"
-    more = f" and {len(report.inputs) - 1} more files" if len(report.inputs) > 1 else ""
-    return f"{first}{more}: {format_value(sequences)} sequences, {format_value(tokens)} valid tokens"
-
-
 def _correction(report: Report) -> str:
     config = report.config
-    parts = [f"{key}={config[key]}" for key in ("preset", "rollout_is", "rollout_is_threshold", "rollout_rs",
-                                                  "rollout_rs_threshold") if config.get(key) is not None]
-    if config.get("rollout_is") is None and config.get("rollout_rs") is None and "preset" in config:
-        parts = ["none (metrics only)"]
     semantics = config.get("semantics", "verl")
-    return f"correction: {', '.join(parts) or semantics + ' fields'} · semantics {semantics} · " \
+    return f"correction: {correction_text(config)} · semantics {semantics} · " \
            f"{config.get('device')} {config.get('dtype')}"
 
 
 def _health(out: Lines, report: Report) -> None:
-    summary = report.summary
-    checks = summary.get("checks", [])
-    failing = [c for c in checks if not c["ok"] and not c.get("few_tokens")]
-    few = [c for c in checks if c.get("few_tokens")]
-    status = str(summary.get("status", "healthy")).upper()
-    basis = (summary.get("after") or summary.get("before") or {}).get("basis", "")
-    diagnosis = summary.get("diagnosis") or {}
-    if diagnosis.get("kind") == "bug":
-        out.add(f"Health: BUG IN THE DUMP OR CONFIG - {diagnosis['title']}", style="bold red")
-    else:
-        head = f"Health: {status}"
-        if checks:
-            head += f" - {len(failing)} of {len(checks)} checks out of band" if failing else " - every check in band"
-            head += f" but {len(few)}, out through a few tokens" if few and not failing else ""
-        shown = f" ({basis})" if basis and not (few and not failing) else ""
-        out.add(head + shown, style="bold red" if failing else "bold green")
-    for check in checks:
-        out.add(_checks_line(check), indent=2, hang=4, style="" if check["ok"] else "red")
-        note = explain(check["metric"], check["value"], report.metrics)
-        if check.get("few_tokens"):
-            note = f"out through {check['few_tokens']} tokens only (see Why): a correction's job, not precision"
-        if note:
-            out.add(note, indent=6, hang=2)
-    before, after = summary.get("before"), summary.get("after")
-    if after and before and before.get("status") != after.get("status"):
-        out.add(f"before the correction (raw ratios): {str(before['status']).upper()}"
-                f"{'; ' + _failing(before) if before['status'] != 'healthy' else ''}", indent=2, hang=4)
+    answer = verdict(report)
+    out.add(f"Health: {answer.headline}", style="bold red" if answer.tone == BAD else "bold green")
+    for line in answer.checks:
+        out.add(line.text, indent=2, hang=4, style="red" if line.tone == BAD else "")
+        if line.note:
+            out.add(line.note, indent=6, hang=2)
+    if answer.before:
+        out.add(answer.before, indent=2, hang=4)
 
 
-def _failing(health: Mapping[str, Any]) -> str:
-    return ", ".join(f"{c['label']} {format_value(c['value'])}" for c in health.get("checks", []) if not c["ok"])
-
-
-def _findings(out: Lines, findings: list[Mapping[str, Any]], causes: bool) -> None:
-    chosen = [f for f in findings if (f.get("code") == "concentrated_divergence") == causes]
-    if causes:
+def _findings(out: Lines, findings: list[Mapping[str, Any]], cause: bool) -> None:
+    chosen = causes(findings) if cause else bug_signatures(findings)
+    if cause:
         if not chosen:
             return
         out.heading("Why")
     else:
         out.heading("Dump checks (bug signatures)")
         if not chosen:
-            out.add("none found (fill, shift, temperature, processed log-probs, identical sides)", indent=2)
+            out.add(NO_BUG, indent=2)
             return
     for finding in chosen[:SHOWN_FINDINGS]:
         mark = SEVERITY_MARK.get(str(finding.get("severity")), "- ")
@@ -135,115 +99,53 @@ def _findings(out: Lines, findings: list[Mapping[str, Any]], causes: bool) -> No
         out.add(f"+{len(chosen) - SHOWN_FINDINGS} more in report.json (`findings`)", indent=2)
 
 
-def _cost(cost: Mapping[str, Any]) -> str:
-    parts = []
-    if cost.get("truncated_token_fraction"):
-        parts.append(f"truncates {percent(cost['truncated_token_fraction'])} of tokens")
-    parts.append(f"drops {percent(cost.get('masked_token_fraction') or 0.0)} of tokens and "
-                 f"{percent(cost.get('masked_sequence_fraction') or 0.0)} of sequences")
-    if cost.get("ess") is not None:
-        parts.append(f"ESS after {format_value(cost['ess'])}")
-    return "; ".join(parts)
-
-
 def _recommendation(out: Lines, recommendation: Mapping[str, Any] | None, diagnosis: Mapping[str, Any]) -> None:
-    fix = (recommendation or {}).get("fix") or ({"text": diagnosis["fix"]} if diagnosis.get("fix") else None)
-    if not recommendation and not fix:
+    lines = what_to_do(recommendation, diagnosis)
+    if not lines and not recommendation:
         return
     out.heading("What to do")
-    if fix and diagnosis.get("kind") == "bug":
-        # A correction reweights real log-probs; it cannot repair log-probs that are not the engine's.
-        out.add(f"fix first: {fix['text']}", indent=2, hang=4, style="red")
-        out.add("no correction is recommended until then: the numbers above measure the bug, not the engines; "
-                "run mismatch analyze again on a dump made after the fix", indent=2, hang=4)
-        return
-    if fix:
-        out.add(f"at the source: {fix['text']}", indent=2, hang=4)
-    if not recommendation:
-        return
-    if recommendation.get("scenario"):
-        preset = f" (= --preset {recommendation['preset']})" if recommendation.get("preset") else ""
-        lead = "meanwhile, turn on" if fix else "turn on"
-        out.add(f"{lead} {recommendation['scenario']}: {recommendation['flags']}{preset}", indent=2, hang=4)
-        out.add(f"cost: {_cost(recommendation.get('cost') or {})}", indent=2, hang=4)
-        after = recommendation.get("health_after") or {}
-        if after:
-            values = ", ".join(f"{lookup(c['metric']).title if lookup(c['metric']) else c['metric']} "
-                               f"{format_value(c['value'])}" for c in after.get("checks", []))
-            kept = "; the log-prob checks stay as they are" if fix else ""
-            out.add(f"health after: {str(after.get('status')).upper()} ({values}){kept}", indent=2, hang=4)
-        alternatives = [a["flags"] for a in recommendation.get("alternatives", [])[:2] if a.get("flags")]
-        if alternatives:
-            out.add(f"also in band: {'; '.join(alternatives)}", indent=2, hang=4)
-    else:
-        out.add(str(recommendation.get("reason", "")), indent=2, hang=2)
+    for line in lines:
+        out.add(line.text, indent=2, hang=2 if line.prose else 4, style="red" if line.tone == BAD else "")
 
 
 def _drift(out: Lines, drift: Mapping[str, Mapping[str, Any]] | None) -> None:
-    if not drift:
+    block = drift_lines(drift)
+    if block is None:
         return
-    moving = [(key, entry) for key, entry in drift.items()
-              if entry.get("bad_steps") or entry.get("change_point_step") is not None
-              or _excludes_zero(entry.get("slope_interval"))]
-    out.heading(f"Drift over steps ({len(moving)} of {len(drift)} metrics move)" if moving else
-                f"Drift over steps ({len(drift)} metrics)")
-    if not moving:
-        out.add("no metric trends, shifts or leaves its band over the steps", indent=2)
-        return
-    for key, entry in moving[:SHOWN_DRIFT]:
-        low, high = entry.get("slope_interval") or (None, None)
-        text = f"{key.split('/')[-1]}: {format_value(entry['slope'])} per step " \
-               f"[{format_value(low)}, {format_value(high)}]"
-        if entry.get("first_out_of_band_step") is not None:
-            bad, total = len(entry.get("bad_steps") or []), entry.get("steps")
-            of = f" of {total}" if total else ""
-            # one bad step is not a run "from" it on (and "1 steps" is not English)
-            text += (f"; out of band at step {entry['first_out_of_band_step']} only (1{of} steps)" if bad == 1 else
-                     f"; out of band from step {entry['first_out_of_band_step']} ({bad}{of} steps)")
-        if entry.get("change_point_step") is not None:
-            text += f"; level shift at step {entry['change_point_step']}"
-        out.add(text, indent=2, hang=4)
-    if len(moving) > SHOWN_DRIFT:
-        out.add(f"+{len(moving) - SHOWN_DRIFT} more in report.json (`drift`)", indent=2)
-
-
-def _excludes_zero(interval: Iterable[float] | None) -> bool:
-    if not interval:
-        return False
-    low, high = list(interval)[:2]
-    return low > 0 or high < 0
+    title, lines = block
+    out.heading(title)
+    for line in lines[:SHOWN_DRIFT]:
+        out.add(line.text, indent=2, hang=2 if line.prose else 4)
+    if len(lines) > SHOWN_DRIFT:
+        out.add(f"+{len(lines) - SHOWN_DRIFT} more in report.json (`drift`)", indent=2)
 
 
 def _key_metrics(out: Lines, report: Report) -> None:
-    shown = [c["metric"] for c in report.summary.get("checks", [])]
-    keys = [k for k in KEY_METRICS if report.metrics.get(k) is not None and k not in shown][:6]
-    if not keys:
+    title, rows = key_metrics(report)
+    if not rows:
         return
-    intervals = any(report.intervals.get(key) for key in keys)  # none with --bootstrap 0: do not promise them
-    out.heading("Key metrics (95 % bootstrap interval)" if intervals else "Key metrics")
-    name_width = max(len(k.split("/")[-1]) for k in keys)
-    for key in keys:
-        interval = report.intervals.get(key)
-        text = f"{key.split('/')[-1]:<{name_width}}  {format_value(report.metrics[key]):>10}"
-        if interval:
-            text += f"  [{format_value(interval[0])}, {format_value(interval[1])}]"
+    out.heading(title)
+    name_width = max(len(row.name) for row in rows)
+    for row in rows:
+        text = f"{row.name:<{name_width}}  {row.value:>10}"
+        if row.interval:
+            text += f"  [{row.interval[0]}, {row.interval[1]}]"
         out.add(text, indent=2, hang=4)
-        note = explain(key, report.metrics[key], report.metrics, interval)
-        if note:
-            out.add(note, indent=4, hang=2)
+        if row.note:
+            out.add(row.note, indent=4, hang=2)
 
 
 def summary_lines(report: Report, width: int = 80, warnings: bool = True) -> list[tuple[str, str]]:
     """The summary's lines (text, rich style) for a terminal `width` columns wide (`warnings` off for `-q`)."""
     out = Lines(width)
-    out.add(f"mismatch: {_inputs(report)}", style="bold")
+    out.add(f"mismatch: {inputs_text(report)}", style="bold")
     out.add(_correction(report))
     out.blank()
     _health(out, report)
-    findings = [f if isinstance(f, Mapping) else f.to_dict() for f in (getattr(report, "findings", None) or [])]
-    _findings(out, findings, causes=True)
+    findings = findings_of(report)
+    _findings(out, findings, cause=True)
     _recommendation(out, getattr(report, "recommendation", None), report.summary.get("diagnosis") or {})
-    _findings(out, findings, causes=False)
+    _findings(out, findings, cause=False)
     _drift(out, getattr(report, "drift", None))
     _key_metrics(out, report)
     if report.warnings and warnings:
@@ -264,4 +166,4 @@ def render_summary(report: Report, console: Console, warnings: bool = True) -> N
         console.print(f"[{style}]{escape(text)}[/]" if style else escape(text), highlight=False, soft_wrap=True)
 
 
-__all__ = ["KEY_METRICS", "render_summary", "summary_lines"]
+__all__ = ["render_summary", "summary_lines"]
