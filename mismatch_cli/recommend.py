@@ -194,9 +194,12 @@ def recommend(metrics: Mapping[str, float | None], config: Mapping[str, Any],
             "health_before": before, "health_after": None, "alternatives": [], "best_partial": None}
     after = health["after"]
     agreement = health.get("agreement") or {}
-    gap = agreement.get("status") == "warning"  # the log-probs themselves are out of band: say what helps meanwhile
-    if before["checks"] and before["status"] == "healthy" and not gap:
+    gap = agreement.get("status") == "warning"  # the log-probs themselves are out of band: no weight fixes that
+    if before["checks"] and before["status"] == "healthy":
         reason = "every health check of the raw ratios is in its band: no correction is needed"
+        if gap:
+            reason = ("the raw ratios' checks are in band, so no correction is needed; the gap is in the log-probs "
+                      "themselves, and only a fix at the source closes it")
         if after is not None and after["status"] == "warning":
             reason += f" (the run's own correction is out of band: {_failing(after)})"
         return {**base, "health_after": after, "reason": reason}

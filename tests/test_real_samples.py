@@ -1,0 +1,139 @@
+"""The first screen on dumps from a real model (sample_data/real, SmolLM2-135M-Instruct): each arm's answer.
+
+Expected values come from float64 numpy over the parquet columns, never from the tool's own output; the
+verdicts follow from the sourced bands applied to those values (docs/report.md, "The health summary").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from mismatch_cli.api import analyze
+from mismatch_cli.correction import CorrectionConfig
+from mismatch_cli.synth import SynthSpec, write_synthetic_dump
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL = ROOT / "sample_data" / "real"
+BUGS = {"processed_logprobs", "temperature_mismatch", "constant_fill", "shifted_streams", "identical_sides"}
+PRECISION_ARMS = ("fp32", "bf16", "fp16", "fp8")
+
+
+def columns(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Old and rollout log-probs (float64) of the mask-1 tokens, and each row's mask, from the parquet."""
+    table = pq.read_table(path, columns=["old_log_probs", "rollout_log_probs", "response_mask"]).to_pydict()
+    mask = [np.asarray(m, dtype=bool) for m in table["response_mask"]]
+    old = np.concatenate([np.asarray(o, np.float64)[m] for o, m in zip(table["old_log_probs"], mask, strict=True)])
+    rollout = np.concatenate([np.asarray(r, np.float64)[m]
+                              for r, m in zip(table["rollout_log_probs"], mask, strict=True)])
+    return old, rollout, np.array(mask, dtype=object)
+
+
+def run(path: Path) -> dict:
+    """The JSON report of `path` (no bootstrap: the verdicts do not use it)."""
+    return analyze([str(path)], CorrectionConfig(), bootstrap=0).to_dict()
+
+
+def codes(report: dict) -> set[str]:
+    return {f["code"] for f in report["findings"]}
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict[str, dict]:
+    return {path.stem: run(path) for path in sorted(REAL.glob("*.parquet"))}
+
+
+@pytest.mark.parametrize("arm", [*PRECISION_ARMS, "multi_turn", "temperature_bug", "top_p_bug"])
+def test_the_agreement_metrics_are_numpys(reports: dict[str, dict], arm: str) -> None:
+    old, rollout, _ = columns(REAL / f"{arm}.parquet")
+    d = old - rollout
+    metrics = reports[arm]["metrics"]
+    assert metrics["diag/valid_tokens"] == d.size > 2000
+    assert metrics["diag/prob_abs_diff_mean"] == pytest.approx(np.abs(np.exp(old) - np.exp(rollout)).mean(),
+                                                               rel=1e-5, abs=1e-9)
+    assert metrics["diag/token_mult_prob_error"] == pytest.approx(np.exp(np.abs(d)).mean(), rel=1e-6)
+    capped = np.exp(np.minimum(d, 1.0))
+    assert metrics["diag/ratio_mean"] == pytest.approx(capped.mean(), rel=1e-6)
+    assert metrics["diag/ratio_mean_se"] == pytest.approx(capped.std(ddof=1) / np.sqrt(d.size), rel=1e-3)
+
+
+@pytest.mark.parametrize("arm", PRECISION_ARMS)
+def test_a_precision_arm_is_judged_by_the_sourced_bands(reports: dict[str, dict], arm: str) -> None:
+    old, rollout, _ = columns(REAL / f"{arm}.parquet")
+    d = old - rollout
+    report = reports[arm]
+    assert not codes(report) & BUGS  # a precision difference is no bug
+    capped = np.exp(np.minimum(d, 1.0))
+    z = abs(capped.mean() - 1) / (capped.std(ddof=1) / np.sqrt(d.size))
+    assert z < 5  # the ratio-mean identity holds at any precision
+    in_band = np.abs(np.exp(old) - np.exp(rollout)).mean() <= 0.01 and np.exp(np.abs(d)).mean() <= 1.05
+    kind = report["summary"]["diagnosis"]["kind"]
+    assert (kind != "precision") == bool(in_band)
+
+
+def test_the_fp32_control_is_healthy_and_silent(reports: dict[str, dict]) -> None:
+    report = reports["fp32"]
+    assert report["summary"]["status"] == "healthy" and report["summary"]["diagnosis"]["kind"] == "healthy"
+    assert report["findings"] == []
+    assert report["recommendation"]["scenario"] is None
+
+
+def test_the_temperature_bug_is_named_with_its_fix_first(reports: dict[str, dict]) -> None:
+    report = reports["temperature_bug"]
+    old, rollout, _ = columns(REAL / "temperature_bug.parquet")
+    assert report["summary"]["status"] == "bug"
+    assert report["summary"]["diagnosis"]["code"] == "temperature_mismatch"
+    finding = next(f for f in report["findings"] if f["code"] == "temperature_mismatch")
+    # Sampled at 0.7 and scored at 1.0: the rollout log-prob is steeper than the old one.
+    slope = np.polyfit(old, rollout, 1)[0]
+    assert finding["evidence"]["temperature_slope"] == pytest.approx(slope, rel=1e-4)
+    low, high = finding["evidence"]["temperature_interval"]
+    assert low <= 0.7 <= high < 1
+    rec = report["recommendation"]
+    assert rec["scenario"] is None and rec["flags"] is None and rec["fix"]["code"] == "temperature_mismatch"
+    assert "temperature" in rec["fix"]["text"]
+
+
+def test_top_p_processed_logprobs_are_named_with_their_fix_first(reports: dict[str, dict]) -> None:
+    report = reports["top_p_bug"]
+    old, rollout, _ = columns(REAL / "top_p_bug.parquet")
+    d = old - rollout
+    assert report["summary"]["status"] == "bug"
+    assert report["summary"]["diagnosis"]["code"] == "processed_logprobs"
+    evidence = next(f for f in report["findings"] if f["code"] == "processed_logprobs")["evidence"]
+    assert evidence["ratio_mean"] == pytest.approx(np.exp(np.minimum(d, 1.0)).mean(), rel=1e-6)
+    assert evidence["ratio_below_1_fraction"] == pytest.approx((d < 0).mean())
+    assert evidence["rollout_exact_zero_tokens"] == int(((rollout == 0) & (old != 0)).sum())
+    # The exact 0.0s are nuclei of one token, not a fill: no constant_fill, no temperature, no k3/k1 beside it.
+    assert not codes(report) & {"constant_fill", "temperature_mismatch", "k3_k1_ratio"}
+    assert report["recommendation"]["scenario"] is None
+    assert "top_p" in report["recommendation"]["fix"]["text"]
+
+
+def test_multi_turn_tool_replies_are_rounds_not_bugs(reports: dict[str, dict]) -> None:
+    report = reports["multi_turn"]
+    _, _, masks = columns(REAL / "multi_turn.parquet")
+    runs = sum(int(np.sum(np.diff(np.concatenate([[0], m.astype(np.int8)])) == 1)) for m in masks)
+    assert report["metrics"]["diag/rounds"] == runs > len(masks)
+    assert not codes(report) & BUGS
+
+
+def test_an_h100_sized_gap_is_a_precision_problem(tmp_path: Path) -> None:
+    # bf16 noise 16 times the synthetic default: mean |p_train - p_rollout| above verl's FAQ 0.01.
+    path = tmp_path / "gap.parquet"
+    write_synthetic_dump(path, SynthSpec(tokens=40_000, seed=3, noise=16.0, catastrophic_rate=0.0))
+    old, rollout, _ = columns(path)
+    assert np.abs(np.exp(old) - np.exp(rollout)).mean() > 0.01
+    report = run(path)
+    assert report["summary"]["status"] == "warning"
+    assert report["summary"]["diagnosis"]["kind"] == "precision"
+    assert "fp32" in report["recommendation"]["fix"]["text"]
+
+
+@pytest.mark.parametrize("sample", ["single_turn.parquet", "multi_turn.parquet", "packed.safetensors"])
+def test_the_new_signatures_stay_silent_on_the_synthetic_samples(sample: str) -> None:
+    report = analyze([str(ROOT / "sample_data" / sample)], CorrectionConfig(), bootstrap=0).to_dict()
+    assert not codes(report) & BUGS and report["summary"]["status"] != "bug"
