@@ -16,6 +16,7 @@ from rich.markup import escape
 from mismatch_cli.findings.model import percent
 from mismatch_cli.metrics import lookup
 from mismatch_cli.render.cells import format_value
+from mismatch_cli.render.paths import display_path, paths_in_text
 from mismatch_cli.report import Report
 
 # The metrics shown under "Key metrics", when present, in this order (the health checks come first).
@@ -28,6 +29,7 @@ SHOWN_FINDINGS = 4
 SHOWN_WARNINGS = 2
 SHOWN_DRIFT = 3
 SEVERITY_MARK = {"error": "!! ", "warning": "! ", "info": "i "}
+PATH_ROOM = 20  # a path inside a paragraph leaves room for the indent and a `:row:position` after it
 
 
 class Lines:
@@ -60,10 +62,10 @@ def _checks_line(check: Mapping[str, Any]) -> str:
     return f"{mark} {check['label']}: {format_value(check['value'])} (healthy: {check['healthy_range']})"
 
 
-def _inputs(report: Report) -> str:
+def _inputs(report: Report, width: int) -> str:
     sequences = sum(item.sequences for item in report.inputs)
     tokens = sum(item.tokens for item in report.inputs)
-    first = report.inputs[0].path if report.inputs else "no input"
+    first = display_path(report.inputs[0].path, width - len("mismatch: ") - 1) if report.inputs else "no input"
     more = f" and {len(report.inputs) - 1} more files" if len(report.inputs) > 1 else ""
     return f"{first}{more}: {format_value(sequences)} sequences, {format_value(tokens)} valid tokens"
 
@@ -215,11 +217,14 @@ def _key_metrics(out: Lines, report: Report) -> None:
 def summary_lines(report: Report, width: int = 80, warnings: bool = True) -> list[tuple[str, str]]:
     """The summary's lines (text, rich style) for a terminal `width` columns wide (`warnings` off for `-q`)."""
     out = Lines(width)
-    out.add(f"mismatch: {_inputs(report)}", style="bold")
+    out.add(f"mismatch: {_inputs(report, out.width)}", style="bold")
     out.add(_correction(report))
     out.blank()
     _health(out, report)
     findings = [f if isinstance(f, Mapping) else f.to_dict() for f in (getattr(report, "findings", None) or [])]
+    paths = [item.path for item in report.inputs]  # a worst token's `file:row:position`, shown at the width
+    findings = [{**f, "detail": paths_in_text(str(f.get("detail") or ""), paths, out.width - PATH_ROOM)}
+                for f in findings]
     _findings(out, findings, causes=True)
     broken = [f for f in findings if f.get("severity") == "error" and f.get("code") != "concentrated_divergence"]
     _recommendation(out, getattr(report, "recommendation", None), broken)
@@ -229,7 +234,7 @@ def summary_lines(report: Report, width: int = 80, warnings: bool = True) -> lis
     if report.warnings and warnings:
         out.heading(f"Warnings ({len(report.warnings)})")
         for warning in report.warnings[:SHOWN_WARNINGS]:
-            out.add(f"warning: {warning}", indent=2, hang=4)
+            out.add(f"warning: {paths_in_text(warning, paths, out.width - PATH_ROOM)}", indent=2, hang=4)
         if len(report.warnings) > SHOWN_WARNINGS:
             out.add(f"+{len(report.warnings) - SHOWN_WARNINGS} more with --full", indent=2)
     out.heading("Next")
