@@ -3,8 +3,8 @@
 Every section of `analyze` (single-turn, multi-turn, with an IS/RS preset, per step), `compare` (with
 bootstrap intervals and limits), `check` and `presets` is rendered at each width; each number-like cell
 and each name the report holds must then be found whole in the output: a fixed cell as it is on one
-line, a cell that may wrap (an interval, a rule) word by word. Only free text (meanings, paths,
-summaries) may wrap mid-cell.
+line, a cell that may wrap (an interval, a rule) word by word. Only free text (meanings, summaries) may
+wrap mid-cell; an input path is shortened in the middle instead (test_render_paths.py).
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ from mismatch_cli.report import Report
 from mismatch_cli.thresholds import evaluate, parse_rule
 
 ROOT = Path(__file__).resolve().parents[1]
-SINGLE = str(ROOT / "sample_data" / "single_turn.parquet")
-MULTI = str(ROOT / "sample_data" / "multi_turn.parquet")
+# Relative to ROOT, as a user types them: the tables then read the same whatever folder the checkout lives in
+# (a deep input path at every width is tested in test_render_paths.py).
+SINGLE = "sample_data/single_turn.parquet"
+MULTI = "sample_data/multi_turn.parquet"
 WIDTHS = (60, 80, 120)
 
 
@@ -50,13 +52,15 @@ def _analyze(tmp: Path, name: str, *args: str) -> Report:
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Report]:
     tmp = tmp_path_factory.mktemp("widths")
-    return {
-        "single": _analyze(tmp, "single", SINGLE, "--bootstrap", "50"),
-        "multi": _analyze(tmp, "multi", MULTI, "--bootstrap", "50"),
-        "preset": _analyze(tmp, "preset", MULTI, "--preset", "decoupled_geo_rs_token_tis", "--bootstrap", "0"),
-        "steps": _analyze(tmp, "steps", SINGLE, "--by", "step", "--rs", "token_k1,seq_max_k2",
-                          "--rs-threshold", "0.5_2.0,0.01", "--bootstrap", "0"),
-    }
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ROOT)
+        return {
+            "single": _analyze(tmp, "single", SINGLE, "--bootstrap", "50"),
+            "multi": _analyze(tmp, "multi", MULTI, "--bootstrap", "50"),
+            "preset": _analyze(tmp, "preset", MULTI, "--preset", "decoupled_geo_rs_token_tis", "--bootstrap", "0"),
+            "steps": _analyze(tmp, "steps", SINGLE, "--by", "step", "--rs", "token_k1,seq_max_k2",
+                              "--rs-threshold", "0.5_2.0,0.01", "--bootstrap", "0"),
+        }
 
 
 def _render(draw, width: int) -> list[str]:  # noqa: ANN001

@@ -41,8 +41,10 @@ def worst_token(path: Path) -> tuple[int, int, float, int]:
     return (*best, big)
 
 
-def test_the_first_screen_names_the_cause_and_a_correction_that_works() -> None:
-    text = screen(SAMPLE, "--bootstrap", "0")
+def test_the_first_screen_names_the_cause_and_a_correction_that_works(monkeypatch) -> None:
+    # From the repository root with a relative path, so the screen is the same wherever the checkout lives.
+    monkeypatch.chdir(ROOT)
+    text = screen("sample_data/multi_turn.parquet", "--bootstrap", "0")
     lines = text.splitlines()
     assert len(lines) <= 45 and max(map(len, lines)) <= 80
     row, position, magnitude, big = worst_token(SAMPLE)
@@ -52,7 +54,7 @@ def test_the_first_screen_names_the_cause_and_a_correction_that_works() -> None:
     assert f"multi_turn.parquet:{row}:{position}" in flat and f"|Δ| {magnitude:.3g}" in flat
     advice = re.search(r"turn on .*?: (--is \S+ --is-threshold \S+)", flat)
     assert advice is not None and "health after: HEALTHY" in flat
-    corrected = screen(SAMPLE, *advice.group(1).split(), "--bootstrap", "0")
+    corrected = screen("sample_data/multi_turn.parquet", *advice.group(1).split(), "--bootstrap", "0")
     assert "Health: HEALTHY" in corrected
     assert "before the correction (raw ratios): WARNING" in " ".join(corrected.split())
 

@@ -182,7 +182,7 @@ def check(
     from mismatch_cli.gate import check as run_check
     from mismatch_cli.gate import could_not_run
     from mismatch_cli.output import append_text
-    from mismatch_cli.render.compare import render_check_markdown, render_check_table
+    from mismatch_cli.render.compare import check_title, render_check_markdown, render_check_table
     from mismatch_cli.render.github import annotations, step_summary
     from mismatch_cli.render.junit import render_junit
     from mismatch_cli.thresholds import CheckResult
@@ -225,10 +225,10 @@ def check(
     if out_dir is not None:
         outputs.add(out_dir / "report.json", run.candidate.to_json(), "--out-dir")
     publish(result, run.baseline_label)
-    title = f"mismatch check: {label}" + (f" (baseline {run.baseline_label})" if run.baseline_label else "")
     rendered = Rendered.of(output_format, lambda: json.dumps(result.to_dict(), indent=2) + "\n",
-                        lambda: render_check_markdown(result, title),
-                        lambda console: render_check_table(result, console, title))
+                        lambda: render_check_markdown(result, check_title(inputs, run.baseline_label)),
+                        lambda console: render_check_table(result, console,
+                                                           check_title(inputs, run.baseline_label, console.width)))
     deliver(outputs, output, rendered)
     note(quiet, result.verdict())
     if result.exit_code:

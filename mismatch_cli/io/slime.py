@@ -11,6 +11,9 @@ before anything is loaded. torch is imported inside the reader, never when `mism
 
 from __future__ import annotations
 
+import errno
+import os
+import warnings
 import zipfile
 from collections.abc import Iterator
 from typing import Any
@@ -37,8 +40,10 @@ TRAIN_SIDE = (
     "the train-side dump written by --save-debug-train-data PATH or --dump-details DIR "
     "(DIR/train_data/{rollout_id}.pt), which holds both log-probs and loads without unpickling"
 )
-_READ_HINT = "check that the file is complete (re-save it if it was truncated)"
+_READ_HINT = "check that the file is complete; re-save it with torch.save if it was truncated or written another way"
 _ORDER_KEYS = ("rollout_position", "sample_index")
+_LENGTHS_HINT = ("re-save the dump with response_lengths as whole numbers, one per sample, as slime writes them "
+                 "(e.g. int(len(response)), not a string)")
 
 
 def rollout_refusal(path: str) -> InputError:
@@ -64,9 +69,15 @@ def _load(path: str) -> Any:
 
     import torch
 
+    if os.path.getsize(path) == 0:
+        raise InputError(f"cannot read {path} as a torch file: the file is empty (0 bytes)",
+                         hint="re-save the dump (an interrupted save or a full disk leaves an empty file), or leave "
+                         "this file out of the inputs")
     zipped = zipfile.is_zipfile(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=zipped)
+        with warnings.catch_warnings():  # torch warns on stderr about a plain pickle's protocol: one error line only
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=zipped)
     except pickle.UnpicklingError as exc:
         raise InputError(
             f"cannot load {path} with torch.load(weights_only=True): {_unpickling_reason(exc)}; mismatch never "
@@ -74,14 +85,36 @@ def _load(path: str) -> Any:
             hint=f"if this is a slime rollout-side dump, analyze {TRAIN_SIDE}; otherwise re-save the dump with "
             "tensors, numbers, strings, lists and dicts only",
         ) from None
-    except (RuntimeError, OSError, EOFError, ValueError, KeyError, TypeError, AttributeError,
+    # A damaged file trips torch's readers in many ways (garbage bytes make its pickle stack pop empty: IndexError).
+    except (RuntimeError, OSError, EOFError, ValueError, KeyError, IndexError, TypeError, AttributeError,
             zipfile.BadZipFile) as exc:
-        raise InputError(f"cannot read {path} as a torch file: {reason(exc)}", hint=_READ_HINT) from None
+        raise InputError(f"cannot read {path} as a torch file: {_damage(exc)}", hint=_READ_HINT) from None
 
 
-def _legacy_samples(data: dict[str, Any]) -> list[dict[str, Any]]:
+def _damage(exc: BaseException) -> str:
+    """What torch.load's failure on a damaged file says, in a short clause (its own text is long, empty or a key)."""
+    text = reason(exc).split(". This is an internal miniz error")[0].split(". The file might be corrupted")[0]
+    if isinstance(exc, EOFError) or "unexpected EOF" in text:
+        return "its data ends early (the file is truncated)"
+    if isinstance(exc, OSError) and exc.errno == errno.EINVAL:  # torch's zip reader on an archive cut short
+        return "its zip archive is cut short (the file is truncated)"
+    if "Invalid magic number" in text:
+        return "it was not written by torch.save (a plain pickle or another format: invalid magic number)"
+    if isinstance(exc, (KeyError, IndexError)) or not text:
+        # the legacy (pre-zip) loader reads the first bytes as a pickle: garbage there fails as a bare key or a pop
+        return (f"its bytes are neither a torch zip archive nor a torch pickle ({type(exc).__name__}: "
+                f"{text or 'no detail'})")
+    return text
+
+
+def _legacy_samples(data: dict[str, Any], path: str) -> list[dict[str, Any]]:
     """Per-sample dicts from the pre-version-2 layout (a dict of per-sample lists)."""
-    count = len(data.get("response_lengths", ()))
+    lengths = data.get("response_lengths", ())
+    if not (isinstance(lengths, (list, tuple)) or getattr(lengths, "ndim", None) == 1):
+        raise InputError(
+            f"expected 'response_lengths' in {path} (rollout_data) to be a list of integers, one per sample, got "
+            f"{_shown(lengths)}", hint=_LENGTHS_HINT)
+    count = len(lengths)
     columns = {key: value for key, value in data.items() if _is_per_sample(value, count)}
     return [{key: value[i] for key, value in columns.items()} for i in range(count)]
 
@@ -111,7 +144,7 @@ def _samples(payload: Any, path: str) -> tuple[list[dict[str, Any]], dict[str, A
             )
         return samples, meta
     if isinstance(payload.get("rollout_data"), dict):
-        return _legacy_samples(payload["rollout_data"]), meta
+        return _legacy_samples(payload["rollout_data"], path), meta
     keys = ", ".join(sorted(map(str, payload))[:20]) or "(none)"
     raise InputError(
         f"{path} is not a slime train dump: expected 'format_version' and 'samples', got keys {keys}",
@@ -168,6 +201,26 @@ def read_slime(path: str, options: ReadOptions) -> Iterator[Batch]:
         yield _to_batch(rows, names, meta, step, id_key, options.group_columns, path, a)
 
 
+def _shown(value: Any) -> str:
+    """A value as an error message shows it: its type, and the value itself when short."""
+    text = repr(value)
+    return f"{type(value).__name__} {text}" if len(text) <= 40 else type(value).__name__
+
+
+def _response_length(value: Any, path: str, rows: list[dict[str, Any]], j: int, first_row: int) -> int:
+    """A sample's `response_lengths`: a whole number (an int as slime writes it, or a one-element tensor)."""
+    if getattr(value, "ndim", None) == 1 and getattr(value, "shape", (0,))[0] == 1:
+        value = value[0]
+    value = _scalar(value)
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
+    raise InputError(
+        f"expected an integer number of response tokens in key 'response_lengths', got {_shown(value)} in {path} "
+        f"{_row_name(rows, j, first_row)}", hint=_LENGTHS_HINT)
+
+
 def _row_name(rows: list[dict[str, Any]], j: int, first_row: int) -> str:
     position = _scalar(rows[j].get("rollout_position"))
     return f"row {first_row + j}" + (f" (rollout_position {position})" if position is not None else "")
@@ -213,7 +266,8 @@ def _to_batch(
         ]
         checks[names["response_mask"]] = np.array([len(m) for m in parts["response_mask"]], dtype=np.int64)
     if all("response_lengths" in row for row in rows):
-        checks["response_lengths"] = np.array([int(_scalar(row["response_lengths"])) for row in rows], np.int64)
+        checks["response_lengths"] = np.array([_response_length(row["response_lengths"], path, rows, j, first_row)
+                                               for j, row in enumerate(rows)], np.int64)
     for name, other in checks.items():
         bad = other != lengths
         if bad.any():

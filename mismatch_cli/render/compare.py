@@ -11,6 +11,7 @@ from rich.console import Console
 
 from mismatch_cli.comparison import MARKS, Comparison, MetricRow
 from mismatch_cli.render.cells import format_percent, format_signed, format_value
+from mismatch_cli.render.paths import display_path, paths_in_text
 from mismatch_cli.render.sections import SHOWN_ROUNDS, shown_rounds
 from mismatch_cli.render.table import Grid, Kind, print_grid
 from mismatch_cli.report import Report, strict_json
@@ -104,7 +105,11 @@ def terminal_cells(row: MetricRow) -> list[str]:
 
 def render_compare_table(comparison: Comparison, console: Console) -> None:
     """Print the side-by-side table, the per-round table, notes and the legend (not the verdict)."""
-    title = f"mismatch compare: base {comparison.base_label} vs candidate {comparison.candidate_label}"
+    # The title's first line holds `mismatch compare: base PATH vs`, its second `candidate PATH`.
+    room = console.width - len("candidate ")
+    labels = comparison.base_label, comparison.candidate_label
+    base = display_path(labels[0], console.width - len("mismatch compare: base  vs"))
+    title = f"mismatch compare: base {base} vs candidate {display_path(labels[1], room)}"
     kinds: list[Kind] = ["fixed", "fixed", "wrap", "wrap", "fixed", "wrap"]
     print_grid(_grid(title, TERMINAL_COLUMNS, [terminal_cells(r) for r in comparison.rows], kinds), console)
     console.print("rollout_corr/ keys are shown without their prefix. " + legend(comparison), highlight=False,
@@ -123,7 +128,7 @@ def render_compare_table(comparison: Comparison, console: Console) -> None:
                          ["fixed", "wrap", "fixed", "fixed", "fixed"]), console)
         print_reasons(comparison.check, console)
     for note in comparison.notes:
-        console.print(f"note: {note}", highlight=False, markup=False)
+        console.print(f"note: {paths_in_text(note, labels, room)}", highlight=False, markup=False)
 
 
 def check_cells(comparison: Comparison) -> list[list[str]]:
@@ -143,6 +148,13 @@ def outcome_cells(result: CheckResult) -> list[list[str]]:
 
     return [[_STATUS_MARK[o.status], o.rule.text, number(o.value), number(o.baseline), number(o.bound),
              o.status, o.message] for o in result.outcomes]
+
+
+def check_title(inputs: list[str], baseline: str | None = None, width: int | None = None) -> str:
+    """`mismatch check: INPUTS (baseline REPORT)`, each path as `display_path` shows it in `width` columns."""
+    room = None if width is None else width - len("mismatch check: ")
+    title = "mismatch check: " + " ".join(display_path(path, room) for path in inputs)
+    return title + (f" (baseline {display_path(baseline, room)})" if baseline else "")
 
 
 def render_check_table(result: CheckResult, console: Console, title: str) -> None:
@@ -179,8 +191,8 @@ def markdown_table(columns: list[str], rows: list[list[str]]) -> list[str]:
 
 def render_compare_markdown(comparison: Comparison) -> str:
     """The comparison as Markdown (for PR comments and step summaries)."""
-    lines = [f"## mismatch compare: `{comparison.base_label}` (base) vs `{comparison.candidate_label}` (candidate)",
-             ""]
+    lines = [f"## mismatch compare: `{display_path(comparison.base_label)}` (base) vs "
+             f"`{display_path(comparison.candidate_label)}` (candidate)", ""]
     lines += markdown_table(COLUMNS, [metric_cells(r) for r in comparison.rows]) + [""]
     if legend(comparison):
         lines += [_md_escape(legend(comparison)), ""]
@@ -316,6 +328,7 @@ def render_compare_plots(comparison: Comparison, base: Report, candidate: Report
 __all__ = [
     "terminal_cells",
     "check_cells",
+    "check_title",
     "outcome_cells",
     "render_check_markdown",
     "render_check_table",

@@ -15,6 +15,7 @@ from mismatch_cli.findings.model import percent
 from mismatch_cli.metrics import lookup
 from mismatch_cli.metrics.notes import explain
 from mismatch_cli.render.cells import format_value
+from mismatch_cli.render.paths import display_path
 from mismatch_cli.report import Report
 
 # The metrics shown under "Key metrics", when present, in this order (the health checks come first).
@@ -64,11 +65,17 @@ class KeyMetric:
     note: str | None
 
 
-def inputs_text(report: Report) -> str:
-    """The first input (and how many more), with the sequences and valid tokens of all of them."""
+def inputs_text(report: Report, width: int | None = None) -> str:
+    """The first input (and how many more), with the sequences and valid tokens of all of them.
+
+    With a terminal `width` the path is shown as render/paths.py's display rule says; without, whole.
+    """
     sequences = sum(item.sequences for item in report.inputs)
     tokens = sum(item.tokens for item in report.inputs)
-    first = report.inputs[0].path if report.inputs else "no input"
+    first = "no input"
+    if report.inputs:
+        path = report.inputs[0].path
+        first = display_path(path, width - len("mismatch: ") - 1) if width else path
     more = f" and {len(report.inputs) - 1} more files" if len(report.inputs) > 1 else ""
     return f"{first}{more}: {format_value(sequences)} sequences, {format_value(tokens)} valid tokens"
 

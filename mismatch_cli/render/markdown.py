@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mismatch_cli.render.paths import display_path
 from mismatch_cli.render.sections import build_sections
 from mismatch_cli.report import Report
 
@@ -17,8 +18,10 @@ def render_markdown(report: Report) -> str:
         lines += [f"## {section.title}", ""]
         lines.append("| " + " | ".join(section.columns) + " |")
         lines.append("|" + "|".join("---" for _ in section.columns) + "|")
+        paths = section.path_columns()
         for row in section.rows:
-            lines.append("| " + " | ".join(_escape(cell) for cell in row) + " |")
+            cells = [display_path(cell) if j in paths else cell for j, cell in enumerate(row)]
+            lines.append("| " + " | ".join(_escape(cell) for cell in cells) + " |")
         lines.append("")
         if section.note:
             lines += [_escape(section.note), ""]

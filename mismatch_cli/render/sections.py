@@ -10,7 +10,8 @@ from mismatch_cli.render.cells import format_percent, format_value
 from mismatch_cli.report import Report
 
 VERL = "rollout_corr/"
-TEXT_COLUMNS = {"meaning", "healthy range", "file", "out of band"}  # free text; every other cell is a number or a name
+TEXT_COLUMNS = {"meaning", "healthy range", "out of band"}  # free text; every other cell is a number or a name
+PATH_COLUMNS = {"file"}  # input paths, as recorded: terminal and Markdown show them by render/paths.py, HTML whole
 
 
 @dataclass
@@ -27,6 +28,10 @@ class Section:
     def text_columns(self) -> set[int]:
         """Indices of the free-text columns (the only cells a terminal may wrap)."""
         return {i for i, column in enumerate(self.columns) if i and column in TEXT_COLUMNS}
+
+    def path_columns(self) -> set[int]:
+        """Indices of the columns that hold input paths."""
+        return {i for i, column in enumerate(self.columns) if column in PATH_COLUMNS}
 
 
 def _metric_rows(report: Report, keys: list[str], strip: str) -> list[list[str]]:

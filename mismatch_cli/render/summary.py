@@ -27,11 +27,13 @@ from mismatch_cli.render.lead import (
     verdict,
     what_to_do,
 )
+from mismatch_cli.render.paths import paths_in_text
 from mismatch_cli.report import Report
 
 SHOWN_FINDINGS = 4
 SHOWN_WARNINGS = 2
 SHOWN_DRIFT = 3
+PATH_ROOM = 20  # a path inside a paragraph leaves room for the indent and a `:row:position` after it
 SEVERITY_MARK = {"error": "!! ", "warning": "! ", "info": "i "}
 
 
@@ -138,11 +140,13 @@ def _key_metrics(out: Lines, report: Report) -> None:
 def summary_lines(report: Report, width: int = 80, warnings: bool = True) -> list[tuple[str, str]]:
     """The summary's lines (text, rich style) for a terminal `width` columns wide (`warnings` off for `-q`)."""
     out = Lines(width)
-    out.add(f"mismatch: {inputs_text(report)}", style="bold")
+    out.add(f"mismatch: {inputs_text(report, out.width)}", style="bold")
     out.add(_correction(report))
     out.blank()
     _health(out, report)
-    findings = findings_of(report)
+    paths = [item.path for item in report.inputs]  # a worst token's `file:row:position`, shown at the width
+    findings = [{**f, "detail": paths_in_text(str(f.get("detail") or ""), paths, out.width - PATH_ROOM)}
+                for f in findings_of(report)]
     _findings(out, findings, cause=True)
     _recommendation(out, getattr(report, "recommendation", None), report.summary.get("diagnosis") or {})
     _findings(out, findings, cause=False)
@@ -151,7 +155,7 @@ def summary_lines(report: Report, width: int = 80, warnings: bool = True) -> lis
     if report.warnings and warnings:
         out.heading(f"Warnings ({len(report.warnings)})")
         for warning in report.warnings[:SHOWN_WARNINGS]:
-            out.add(f"warning: {warning}", indent=2, hang=4)
+            out.add(f"warning: {paths_in_text(warning, paths, out.width - PATH_ROOM)}", indent=2, hang=4)
         if len(report.warnings) > SHOWN_WARNINGS:
             out.add(f"+{len(report.warnings) - SHOWN_WARNINGS} more with --full", indent=2)
     out.heading("Next")

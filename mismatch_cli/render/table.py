@@ -1,10 +1,11 @@
 """Rich terminal tables that never split a number or a name: only free text wraps, wide tables split into blocks.
 
-Every cell is one of three kinds. `fixed` cells (numbers, metric keys, labels) never wrap: their column is
+Every cell is one of four kinds. `fixed` cells (numbers, metric keys, labels) never wrap: their column is
 as wide as its widest line. `wrap` cells (an interval `[lo, hi]`, a rule) may wrap at spaces only: their
-column is at least as wide as their longest word. `text` cells (meanings, paths) are free text and take
-what width is left. When the fixed and minimum widths do not fit the terminal, the table is printed as
-several blocks of columns, each repeating the leading label columns.
+column is at least as wide as their longest word. `text` cells (meanings) are free text and take
+what width is left. `path` cells (input paths) never wrap: a path longer than its column is shortened in the
+middle, its file name whole (render/paths.py). When the fixed and minimum widths do not fit the terminal, the
+table is printed as several blocks of columns, each repeating the leading label columns.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from mismatch_cli.render.paths import display_path, paths_in_text
 from mismatch_cli.render.sections import Section, build_sections
 from mismatch_cli.report import Report
 
-Kind = Literal["fixed", "wrap", "text"]
+Kind = Literal["fixed", "wrap", "text", "path"]
 GAP = 2  # characters between two columns (SIMPLE_HEAD box, collapsed padding, no edge)
 TEXT_MIN = 20  # a free-text column is never planned narrower than this (or its widest line)
 
@@ -55,6 +57,9 @@ def _widths(grid: Grid, j: int) -> tuple[int, int]:
         return natural, natural
     if kind == "wrap":
         return max([len(w) for line in cells for w in line.split()] + [header_word, 1]), natural
+    if kind == "path":  # down to `…/NAME`, the shortest a path is shown
+        shortest = max([len(display_path(cell, 0)) for cell in cells] + [header_word, TEXT_MIN])
+        return min(natural, shortest), natural
     return min(natural, max(TEXT_MIN, header_word)), natural
 
 
@@ -72,8 +77,10 @@ def plan_blocks(grid: Grid, width: int) -> list[tuple[list[int], list[int]]]:
             return [bounds[j][1] for j in indices]
         widths = {j: bounds[j][1] if grid.kinds[j] == "text" else bounds[j][0] for j in indices}
         spare = width - total(indices, False)
-        # Left-over room goes to the wrap columns, those needing the least first, so fewer cells wrap.
-        for j in sorted((j for j in indices if grid.kinds[j] == "wrap"), key=lambda j: bounds[j][1] - bounds[j][0]):
+        # Left-over room goes to the wrap columns, those needing the least first, so fewer cells wrap; then to
+        # the path columns, so fewer folders give way to `…`.
+        growing = sorted((j for j in indices if grid.kinds[j] == "wrap"), key=lambda j: bounds[j][1] - bounds[j][0])
+        for j in growing + [j for j in indices if grid.kinds[j] == "path"]:
             extra = max(0, min(spare, bounds[j][1] - bounds[j][0]))
             widths[j] += extra
             spare -= extra
@@ -110,10 +117,11 @@ def print_grid(grid: Grid, console: Console) -> None:
                 table.add_column(header, justify=grid.justify[j], overflow="fold")  # type: ignore[arg-type]
             else:
                 table.add_column(header, justify=grid.justify[j], width=planned,  # type: ignore[arg-type]
-                                 no_wrap=kind == "fixed", overflow="fold")
+                                 no_wrap=kind in ("fixed", "path"), overflow="fold")
         for i, row in enumerate(grid.rows):
             style = grid.styles[i] if i < len(grid.styles) else None
-            table.add_row(*[Text(row[j]) for j in indices], style=style)
+            table.add_row(*[Text(display_path(row[j], planned) if grid.kinds[j] == "path" else row[j])
+                            for j, planned in zip(indices, widths, strict=True)], style=style)
         console.print(table)
         if b < len(blocks) - 1:
             console.print()
@@ -121,9 +129,10 @@ def print_grid(grid: Grid, console: Console) -> None:
 
 def section_grid(section: Section) -> Grid:
     """A report section as a grid: the first column and numbers fixed, the section's text columns free."""
-    text = section.text_columns()
-    kinds: list[Kind] = ["text" if i in text else "fixed" for i in range(len(section.columns))]
-    justify = ["left" if i == 0 or i in text else "right" for i in range(len(section.columns))]
+    text, paths = section.text_columns(), section.path_columns()
+    kinds: list[Kind] = ["path" if i in paths else "text" if i in text else "fixed"
+                         for i in range(len(section.columns))]
+    justify = ["left" if i == 0 or i in text | paths else "right" for i in range(len(section.columns))]
     styles = ["bold yellow" if i in section.highlight else None for i in range(len(section.rows))]
     return Grid(section.title, section.columns, section.rows, kinds, justify, styles, section.repeat)
 
@@ -135,8 +144,10 @@ def render_tables(report: Report, console: Console, warnings: bool = True) -> No
         if section.note:
             console.print(section.note, highlight=False, markup=False)
         console.print()
+    paths = [item.path for item in report.inputs]
     for warning in report.warnings if warnings else ():
-        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
+        shown = paths_in_text(warning, paths, console.width - len("warning: ") - 1)
+        console.print(f"[yellow]warning:[/yellow] {escape(shown)}", highlight=False)
 
 
 PRESET_TEXT = {"summary"}

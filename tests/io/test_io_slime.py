@@ -167,3 +167,93 @@ def test_folder_walk_skips_rollout_side_next_to_train_side(tmp_path):
     with pytest.raises(InputError, match="rollout-side"):
         list(iter_batches(alone, ReadOptions()))
     assert alone[0] == InputFile(alone[0].path, "slime", os.path.getsize(alone[0].path))
+
+
+def _cli(path: str) -> tuple[int, str]:
+    from typer.testing import CliRunner
+
+    from mismatch_cli.cli import app
+
+    result = CliRunner(env={"MISMATCH_DEBUG": None}).invoke(app, ["analyze", path, "--device", "cpu", "--bootstrap",
+                                                                  "0"])
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("lengths", ["3", ["3"], "three", None, 2.5, [3, 1]], ids=repr)
+def test_response_lengths_that_are_not_a_whole_number(tmp_path, lengths):
+    seqs = [Seq([-0.5], [-0.5], [1]), Seq([-1.0, -2.0, -3.0], [-1.0, -2.0, -3.0], [1, 1, 1],
+                                          extra={"response_lengths": lengths})]
+    path = write_slime_train(str(tmp_path / "0.pt"), seqs, rollout_id=0)
+    with pytest.raises(InputError, match=r"expected an integer number of response tokens in key 'response_lengths', "
+                                         rf"got {type(lengths).__name__} .*0\.pt row 1 \(rollout_position 1\)") as err:
+        _read(path)
+    assert err.value.exit_code == 3 and "fix: re-save the dump with response_lengths as whole numbers" in str(err.value)
+    code, output = _cli(path)  # the CLI: one line, exit 3, not an internal error
+    assert code == 3 and output.startswith("error: expected an integer") and len(output.splitlines()) == 1
+
+
+def test_whole_number_response_lengths_of_any_integer_type(tmp_path, concat):
+    lengths = [torch.tensor(1), torch.tensor([3])]  # a 0-d and a one-element tensor: what a converted dump may hold
+    seqs = [Seq([-0.5], [-0.5], [1], extra={"response_lengths": lengths[0]}),
+            Seq([-1.0, -2.0, -3.0], [-1.0, -2.0, -3.0], [1, 1, 1], extra={"response_lengths": lengths[1]})]
+    old, _, _, offsets = concat(_read(write_slime_train(str(tmp_path / "0.pt"), seqs, rollout_id=0, shuffle=False)))
+    assert np.diff(offsets).tolist() == [1, 3] and len(old) == 4
+
+
+@pytest.mark.parametrize("lengths", ["3", 3, ["3"]], ids=repr)
+def test_pre_version_2_response_lengths_must_be_integers(tmp_path, lengths):
+    data = {"response_lengths": lengths, "log_probs": [torch.tensor([-1.0, -2.0, -3.0])],
+            "rollout_log_probs": [torch.tensor([-1.0, -2.0, -3.0])], "loss_masks": [torch.tensor([1, 1, 1])]}
+    path = str(tmp_path / "old.pt")
+    torch.save({"rollout_id": 3, "rank": 0, "rollout_data": data}, path)
+    needle = ("got str '3' in .*old.pt row 0" if isinstance(lengths, list) else
+              rf"expected 'response_lengths' in .*old.pt \(rollout_data\) to be a list of integers, one per sample, "
+              rf"got {type(lengths).__name__} {lengths!r}")
+    with pytest.raises(InputError, match=needle) as err:
+        _read(path)
+    assert err.value.exit_code == 3 and "fix: " in str(err.value)
+
+
+def _damaged(tmp_path, name: str) -> str:
+    path = str(tmp_path / f"{name}.pt")
+    if name == "empty":
+        open(path, "wb").close()
+    elif name == "garbage":
+        with open(path, "wb") as f:
+            f.write(b"abc")  # read as a pickle by torch's legacy loader: its stack pops empty (an IndexError)
+    elif name == "plain_pickle":
+        import pickle
+
+        with open(path, "wb") as f:
+            pickle.dump({"samples": []}, f, protocol=2)  # torch's legacy loader reads it, and finds no magic number
+    else:
+        write_slime_train(path, make_seqs(10), 0)
+        size = os.path.getsize(path)
+        with open(path, "r+b") as f:
+            f.truncate({"zip_cut_end": size - 30, "zip_cut_head": 10}[name])
+    return path
+
+
+@pytest.mark.parametrize(("name", "reason"), [
+    ("empty", r"the file is empty \(0 bytes\); fix: re-save the dump .* or leave this file out of the inputs"),
+    ("zip_cut_end", r"its zip archive is cut short \(the file is truncated\)"),
+    ("zip_cut_head", r"PytorchStreamReader failed reading zip archive: not a ZIP archive; fix"),
+    ("garbage", r"its bytes are neither a torch zip archive nor a torch pickle \(IndexError: "),
+    ("plain_pickle", r"it was not written by torch.save"),
+])
+def test_damaged_torch_files_say_what_is_wrong(tmp_path, name, reason):
+    path = _damaged(tmp_path, name)
+    with pytest.raises(InputError, match=rf"cannot read .*{name}.pt as a torch file: {reason}") as err:
+        _read(path)
+    assert err.value.exit_code == 3
+    code, output = _cli(path)
+    assert code == 3 and len(output.splitlines()) == 1, output  # no torch warning, no traceback: one line
+
+
+@pytest.mark.parametrize("payload", [[1, 2], torch.zeros(2), "text", 7], ids=lambda p: type(p).__name__)
+def test_a_torch_file_that_is_not_a_dict(tmp_path, payload):
+    path = str(tmp_path / "thing.pt")
+    torch.save(payload, path)
+    name = type(payload).__name__
+    with pytest.raises(InputError, match=rf"expected a dict saved by slime in .*thing.pt, got {name}"):
+        _read(path)
