@@ -39,6 +39,12 @@ PENDING = 16  # worst-token candidates kept before one host read resolves them
 # mean is 1 minus the trainer's mass on tokens with ratio > e (tiny for precision noise), and a bounded summand
 # keeps its standard error honest however heavy the upper tail is (findings/signatures.py, ratio_mean_test).
 RATIO_CAP_LOG = 1.0
+# The temperature estimate: rollout = old / T + c per position, with c >= 0 when T < 1 (c <= 0 when T > 1) and
+# c -> 0 where one logit dominates, so rollout / old <= 1 / T on every token and reaches it on peaked positions
+# (>= 1 / T when T > 1). A histogram of rollout / old over tokens with old < -TAIL_NATS (where precision noise is
+# small against old) gives its extreme quantile; the least-squares slope is pulled toward 1 by c.
+TAIL_NATS = 1.0
+SLOPE_BINS, SLOPE_RANGE = 2048, 4.0
 SIDES = ("old", "rollout")
 
 
@@ -86,6 +92,7 @@ class SignaturesAccumulator(Accumulator):
         self.state = Reducer(device)
         # tokens, sum ratio^2, sum ratio, sum exp|delta| (NeMo-RL's token_mult_prob_error summand)
         self.buckets = torch.zeros((4, NUM_BUCKETS), dtype=F64, device=device)
+        self.tail_slopes = torch.zeros(SLOPE_BINS, dtype=F64, device=device)  # histogram of rollout / old, tail
         self.pending: list[tuple[torch.Tensor, dict[str, Any]]] = []
         self.worst: dict[str, Any] | None = None
 
@@ -100,9 +107,13 @@ class SignaturesAccumulator(Accumulator):
         s.add("k3", chunk.total(chunk.k3))
         s.add("k1", -chunk.total(chunk.log_ratio))  # k1 = rollout - old; negation is exact, so is the negated sum
         s.add("pairs", float(n) - total(chunk.row_valid))  # pairs (t, t+1) in one row: N minus non-empty rows
-        capped = chunk.log_ratio.clamp(max=RATIO_CAP_LOG).exp_()
-        s.add("ratio_capped", capped)
-        s.add("ratio_capped_sq", capped.mul_(capped))
+        excess = chunk.log_ratio.clamp(max=RATIO_CAP_LOG).expm1_()  # min(ratio, e) - 1, exact near 0
+        s.add("ratio_excess", excess)
+        s.add("ratio_excess_sq", excess.mul_(excess))
+        tail = chunk.old < -TAIL_NATS
+        ratio = chunk.rollout[tail].div_(chunk.old[tail]).mul_(SLOPE_BINS / SLOPE_RANGE)
+        index = ratio.clamp_(0, SLOPE_BINS - 1).to(torch.int64)
+        self.tail_slopes += torch.bincount(index, minlength=SLOPE_BINS).to(F64)
         if chunk.old.device.type == "cpu":
             self._host_sums(chunk)
         else:
@@ -254,6 +265,7 @@ class SignaturesAccumulator(Accumulator):
         """Fold another shard's state in."""
         self.state.merge(other.state)
         self.buckets += other.buckets.to(self.device)
+        self.tail_slopes += other.tail_slopes.to(self.device)
         other._resolve()
         if other.worst is not None:
             self._offer(other.worst)
@@ -273,7 +285,7 @@ class SignaturesAccumulator(Accumulator):
         buckets = [{"low": bucket_low(i), "high": bucket_high(i), "tokens": int(sums[0, i]),
                     "chi2_terms": float(sums[1, i]), "ratio_sum": float(sums[2, i]), "exp_abs_sum": float(sums[3, i])}
                    for i in np.flatnonzero(sums[0]).tolist()]
-        keys = ("tokens", "k3", "k1", "ratio_capped", "ratio_capped_sq", "bitwise_equal", "x", "y", "xx", "yy", "xy",
+        keys = ("tokens", "k3", "k1", "ratio_excess", "ratio_excess_sq", "bitwise_equal", "x", "y", "xx", "yy", "xy",
                 "pairs", "shift_aligned",
                 "shift_forward", "shift_backward", *(f"{kind}_{side}" for kind in ("zero", "repeat", "fill")
                                                     for side in SIDES))
@@ -282,6 +294,8 @@ class SignaturesAccumulator(Accumulator):
             out[key] = int(out[key])
         out["chi2_terms"] = float(sums[1].sum())
         out["buckets"] = buckets
+        slopes = self.tail_slopes.cpu().numpy()
+        out["tail_slopes"] = [[int(i), int(slopes[i])] for i in np.flatnonzero(slopes).tolist()]
         out["worst_token"] = dict(self.worst) if self.worst is not None else None
         return out
 
@@ -301,6 +315,7 @@ def values(table: dict[str, Any]) -> dict[str, float]:
         "bitwise_equal_fraction": table["bitwise_equal"] / n,
         "temperature_slope": slope,
         "best_fit_temperature": 1.0 / slope if slope > 0 else math.nan,
+        "temperature_estimate": temperature_estimate(table, slope),
         "shift_residual_ratio": shifted / aligned if table["pairs"] and aligned > 0 else math.nan,
         "constant_fill_fraction_old": table["fill_old"] / n,
         "constant_fill_fraction_rollout": table["fill_rollout"] / n,
@@ -310,14 +325,28 @@ def values(table: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def temperature_estimate(table: dict[str, Any], slope: float, quantile: float = 0.999) -> float:
+    """1 / the extreme quantile of rollout / old over tail tokens, on the side the slope points (NaN if < 100)."""
+    counts = np.zeros(SLOPE_BINS)
+    for index, count in table.get("tail_slopes", []):
+        counts[index] = count
+    total = counts.sum()
+    if total < 100 or not math.isfinite(slope) or slope == 1:
+        return math.nan
+    rank = quantile * total if slope > 1 else (1 - quantile) * total
+    index = int(np.searchsorted(np.cumsum(counts), rank))
+    value = (index + 0.5) * SLOPE_RANGE / SLOPE_BINS
+    return 1.0 / value
+
+
 def ratio_mean_test(table: dict[str, Any]) -> tuple[float, float]:
     """Token-mean of min(ratio, e) and its standard error (NaN with fewer than 2 tokens)."""
     n = table["tokens"]
     if n < 2:
         return math.nan, math.nan
-    mean = table["ratio_capped"] / n
-    variance = max(table["ratio_capped_sq"] / n - mean * mean, 0.0) * n / (n - 1)
-    return mean, math.sqrt(variance / n)
+    excess = table["ratio_excess"] / n  # sums of min(ratio, e) - 1: no cancellation when the ratios sit near 1
+    variance = max(table["ratio_excess_sq"] / n - excess * excess, 0.0) * n / (n - 1)
+    return 1.0 + excess, math.sqrt(variance / n)
 
 
 def _place(meta: dict[str, Any], token: int) -> dict[str, Any]:

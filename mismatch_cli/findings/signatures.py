@@ -47,6 +47,7 @@ MIN_Z = 5.0
 BULK_LOG_RATIO = 1.0  # the k3 / k1 test's mean ratio is taken over tokens with |d| below this
 MIN_PEARSON = 0.9
 PROCESSED_MIN_BELOW = 0.8  # processed log-probs: the share of tokens whose ratio is below 1
+PROCESSED_MIN_ZEROS = 1e-3  # and, when the slope also says temperature, the share of exact 0.0 rollout log-probs
 BITWISE_INFO_FRACTION = 0.5
 
 
@@ -149,16 +150,19 @@ def temperature_mismatch(metrics: dict[str, Any], table: dict[str, Any]) -> list
     z = abs(slope - 1) / error if error > 0 else math.inf
     if not z >= MIN_Z:
         return []
-    shown = f"{temperature:.3g}" if temperature is not None else "undefined"
-    side = "further below 1" if slope > 1 else "further above 1"
+    estimate = _get(metrics, "temperature_estimate")
+    fitted = f"{temperature:.3g}" if temperature is not None else "undefined"
+    shown = f"{estimate:.3g}" if estimate is not None else fitted
+    how = (f"from the positions where one logit dominates; the least-squares fit, pulled toward 1, gives {fitted}"
+           if estimate is not None else "the least-squares fit, pulled toward 1: the real ratio is further from 1")
     return [Finding(
-        "temperature_mismatch", "error", f"rollout log-probs scale like temperature {shown} against old ones",
-        {"temperature_slope": slope, "best_fit_temperature": temperature, "slope_standard_error": error, "z": z},
-        f"The rollout log-prob is {slope:.3g} times the old one on average (best-fit temperature {shown}, "
-        f"{z:.3g} standard errors from 1; the fit is pulled toward 1, so the real ratio of temperatures is "
-        f"{shown} or {side}): the two sides use different sampling temperatures.",
-        fix=f"score the trainer's log-probs at the sampling temperature (about {shown} of the trainer's, or "
-            f"{side}): divide the logits by the rollout temperature before log_softmax, as verl does with "
+        "temperature_mismatch", "error", f"the rollout log-probs are at temperature {shown} of the old ones",
+        {"temperature_slope": slope, "best_fit_temperature": temperature, "temperature_estimate": estimate,
+         "slope_standard_error": error, "z": z},
+        f"The rollout log-prob is {slope:.3g} times the old one on average ({z:.3g} standard errors from 1): "
+        f"the rollout side samples at about {shown} times the trainer's temperature ({how}).",
+        fix=f"score the trainer's log-probs at the sampling temperature (about {shown} times the trainer's): "
+            "divide the logits by the rollout temperature before log_softmax, as verl does with "
             "actor_rollout_ref.rollout.temperature, TRL with GRPOConfig.temperature and slime with "
             "--rollout-temperature")]
 
@@ -229,6 +233,21 @@ def processed_logprobs(metrics: dict[str, Any], table: dict[str, Any]) -> list[F
             "logprobs_mode=processed_logprobs returns log-probs renormalized over the truncated support")]
 
 
+def _one_of(processed: list[Finding], tempered: list[Finding],
+            table: dict[str, Any]) -> tuple[list[Finding], list[Finding]]:
+    """Which of two findings that both break the ratio mean explains the dump: a temperature or processed log-probs.
+
+    Renormalizing raises every rollout log-prob by -log(kept mass) >= 0, more where old is low, so it can only
+    lower the slope of rollout on old: a slope above 1 is a temperature below the trainer's. Below 1, exact 0.0
+    rollout log-probs (a nucleus of one token, PROCESSED_MIN_ZEROS of the tokens or more) name the truncation.
+    """
+    slope = tempered[0].evidence["temperature_slope"]
+    zeros = table["zero_rollout"] / table["tokens"] if table["tokens"] else 0.0
+    if slope > 1 or zeros < PROCESSED_MIN_ZEROS:
+        return [], tempered
+    return processed, []
+
+
 def collapsed_correlation(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
     """The probabilities of the two sides barely correlate."""
     pearson = _get(metrics, "prob_pearson_corr")
@@ -251,8 +270,10 @@ def signatures(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
     structural = constant_fill(metrics, table) + shifted_streams(metrics, table)
     found = structural + bitwise_equal(metrics, table)
     processed = [] if structural else processed_logprobs(metrics, table)
-    if not structural and not processed:
-        found += temperature_mismatch(metrics, table)
+    tempered = [] if structural else temperature_mismatch(metrics, table)
+    if processed and tempered:
+        processed, tempered = _one_of(processed, tempered, table)
+    found += tempered
     # k3 / k1 off is the processed log-probs' symptom: it is shown as a finding of its own only without them.
     return found + processed + ([] if processed else k3_k1_ratio(metrics, table)) + collapsed_correlation(metrics,
                                                                                                          table)

@@ -296,6 +296,10 @@ def _diagnostics() -> list[Metric]:
              "slope of the rollout log-prob on the old log-prob (1 / T for a rollout side at temperature T)"),
         diag("best_fit_temperature", "1 / temperature_slope", "temperature", CLOSER_TO_1,
              "apparent temperature of the rollout side against the old side (attenuated toward 1)"),
+        diag("temperature_estimate", "1 / the 99.9 % (slope > 1) or 0.1 % (slope < 1) quantile of rollout / old "
+             "over valid tokens with old < -1", "temperature", CLOSER_TO_1,
+             "the rollout side's temperature relative to the old side's, from the positions where one logit "
+             "dominates (rollout = old / T there); within ~1 % on a real T = 0.7 dump"),
         diag("shift_residual_ratio", "ratio of sums over adjacent token pairs within rows", "ratio", HIGHER,
              "Σ(old − rollout shifted one token)² / Σ(old − rollout)², the better shift; below 1: off by one"),
         diag("constant_fill_fraction_old", TOKEN_FRACTION, "fraction", LOWER, "old side exactly 0.0, or repeating "
