@@ -129,6 +129,6 @@ def test_a_zero_filled_rollout_side_is_named(tmp_path: Path) -> None:
 def test_the_readme_shows_the_real_first_screen(monkeypatch) -> None:
     monkeypatch.chdir(ROOT)  # the README runs it from the repository root, with a relative path
     readme = (ROOT / "README.md").read_text()
-    block = readme.split("`mismatch analyze sample_data/multi_turn.parquet`):\n\n```\n", 1)[1].split("\n...\n```", 1)[0]
-    shown = block.splitlines()
-    assert shown == screen("sample_data/multi_turn.parquet", "--bootstrap", "0").splitlines()[:len(shown)]
+    block = readme.split("`mismatch analyze sample_data/real/top_p_bug.parquet`):\n\n```\n", 1)[1]
+    shown = block.split("\n...\n```", 1)[0].splitlines()
+    assert shown == screen("sample_data/real/top_p_bug.parquet", "--bootstrap", "0").splitlines()[:len(shown)]

@@ -228,9 +228,9 @@ def processed_logprobs(metrics: dict[str, Any], table: dict[str, Any]) -> list[F
         f"The token ratio averages {mean:.4g} ({z:.3g} standard errors below the 1 it must be when the rollout "
         f"side is the distribution its tokens were sampled from) and is below 1 on {percent(below)} of tokens: "
         f"each ratio is the probability mass the truncation kept (token-mean {mean:.3g}{floor}){ones}.",
-        fix="compare like with like: sample training rollouts with top_p=1.0 and top_k=-1, or renormalize the "
-            "trainer's log-probs over the same top-p / top-k support (prime-rl PR #2601, TRL PR #7269); vLLM's "
-            "logprobs_mode=processed_logprobs returns log-probs renormalized over the truncated support")]
+        fix="sample training rollouts with top_p=1.0 and top_k=-1, or renormalize the trainer's log-probs over "
+            "the same kept set (prime-rl's sampling replay, PRs #2601 / #3235; TRL issue #6789): vLLM's "
+            "logprobs_mode=processed_logprobs reports them renormalized over it")]
 
 
 def _one_of(processed: list[Finding], tempered: list[Finding],

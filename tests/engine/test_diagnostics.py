@@ -28,7 +28,8 @@ DIAG_KEYS = {
     "valid_tokens", "empty_rows", "rounds", "nonfinite_tokens", "sentinel_tokens",
     # The bug signatures' keys (checked against numpy in tests/findings/test_signatures_engine.py).
     "bitwise_equal_fraction", "temperature_slope", "best_fit_temperature", "shift_residual_ratio",
-    "constant_fill_fraction_old", "constant_fill_fraction_rollout", "k3_k1_ratio",
+    "constant_fill_fraction_old", "constant_fill_fraction_rollout", "k3_k1_ratio", "temperature_estimate",
+    "ratio_mean", "ratio_mean_se",
 }
 
 
@@ -69,7 +70,10 @@ def reference(old, rollout, mask) -> dict[str, float]:
                 for i in range(old.shape[0]) if keep[i].any()]
     weights = np.exp(np.clip(np.array(row_sums), -20, 20))
     rounds = sum(int(np.sum(np.diff(np.concatenate([[0], row.astype(int)])) == 1)) for row in masked)
+    capped = np.exp(np.minimum(delta, 1.0))
     return {
+        "ratio_mean": capped.mean(),
+        "ratio_mean_se": capped.std(ddof=1) / math.sqrt(n),
         "logprob_abs_diff_mean": np.abs(delta).mean(),
         "logprob_abs_diff_max": np.abs(delta).max(),
         "token_mult_prob_error": np.exp(np.abs(delta)).mean(),
@@ -108,6 +112,16 @@ def test_every_diag_key_against_numpy(seed: int) -> None:
         assert bracket_ok(metrics[key], delta, q), key
     for key, q in ABSOLUTE.items():
         assert bracket_ok(metrics[key], np.abs(delta), q), key
+    # 1 / the extreme quantile of rollout / old over tokens with old < -1, on the side the slope points; the
+    # histogram's bins are 4 / 2048 wide.
+    tail = (old[keep] < -1)
+    share = (rollout[keep][tail] / old[keep][tail])
+    slope = metrics["temperature_slope"]
+    want_q = np.quantile(share, 0.999 if slope > 1 else 0.001)
+    if tail.sum() >= 100:
+        assert 1 / metrics["temperature_estimate"] == pytest.approx(want_q, abs=4 / 2048 + 1e-3 * abs(want_q))
+    else:
+        assert metrics["temperature_estimate"] is None
 
 
 def test_float32_run_is_close_to_float64_numpy() -> None:
