@@ -157,3 +157,18 @@ def test_an_h100_sized_gap_is_a_precision_problem(tmp_path: Path) -> None:
 def test_the_new_signatures_stay_silent_on_the_synthetic_samples(sample: str) -> None:
     report = analyze([str(ROOT / "sample_data" / sample)], CorrectionConfig(), bootstrap=0).to_dict()
     assert not codes(report) & BUGS and report["summary"]["status"] != "bug"
+
+
+def test_a_sequence_level_correction_is_judged_on_the_rows_ess() -> None:
+    path = REAL / "bf16.parquet"
+    table = pq.read_table(path, columns=["old_log_probs", "rollout_log_probs", "response_mask"]).to_pydict()
+    sums = np.array([np.sum((np.asarray(o, np.float64) - np.asarray(r, np.float64))[np.asarray(m, bool)])
+                     for o, r, m in zip(table["old_log_probs"], table["rollout_log_probs"], table["response_mask"],
+                                        strict=True)])
+    w = np.exp(np.clip(sums, -20, 20))
+    kish = w.sum() ** 2 / (w.size * (w**2).sum())
+    token_level = run(path)["summary"]["before"]["checks"]
+    assert "diag/ess_seq_kish" not in {c["metric"] for c in token_level}
+    report = analyze([str(path)], CorrectionConfig(rollout_is="sequence"), bootstrap=0).to_dict()
+    check = next(c for c in report["summary"]["before"]["checks"] if c["metric"] == "diag/ess_seq_kish")
+    assert check["value"] == pytest.approx(kish, rel=1e-5) and check["ok"] == (kish >= 0.3)
