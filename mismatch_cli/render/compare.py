@@ -165,14 +165,16 @@ def render_check_table(result: CheckResult, console: Console, title: str) -> Non
 
 
 def print_reasons(result: CheckResult, console: Console) -> None:
-    """Why each rule failed, was held back as noise or was not evaluated (error, warn, skip), and each rule's
-    warnings: one unwrapped line each, as CI logs grep them."""
+    """Why each rule was not evaluated (error, warn, skip: one unwrapped line each, as CI logs grep them), then
+    why each rule failed or was held back as noise, and each rule's warnings (wrapped to the width)."""
     for outcome in result.outcomes:
-        if outcome.status in ("fail", "held", "error", "warn", "skip"):
+        if outcome.status in ("error", "warn", "skip"):
             console.print(f"{outcome.status}: {outcome.rule.text}: {outcome.message}", highlight=False, markup=False,
                           soft_wrap=True)
-        for warning in outcome.warnings:
-            console.print(f"warning: {outcome.rule.text}: {warning}", highlight=False, markup=False, soft_wrap=True)
+    for outcome in result.outcomes:
+        reasons = [(outcome.status, outcome.message)] if outcome.status in ("fail", "held") else []
+        for label, text in reasons + [("warning", warning) for warning in outcome.warnings]:
+            console.print(f"{label}: {outcome.rule.text}: {text}", highlight=False, markup=False)
 
 
 def render_check_markdown(result: CheckResult, title: str) -> str:
