@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mismatch_cli.errors import DataError, UsageError
-from mismatch_cli.metrics import Direction, aliases_of, closest, lookup, resolve_name
+from mismatch_cli.metrics import Direction, aliases_of, closest, resolve_name
 from mismatch_cli.metrics import direction_of as registry_direction
+from mismatch_cli.noise import min_difference_of, overlap
 from mismatch_cli.numbers import parse_number
 from mismatch_cli.report import SCHEMA_VERSION, Report
 from mismatch_cli.thresholds import CheckResult, Rule, evaluate
@@ -194,19 +195,13 @@ def _value(report: Report, metric: str) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def _overlap(a: list[float] | None, b: list[float] | None) -> bool | None:
-    if not a or not b:
-        return None
-    return a[0] <= b[1] and b[0] <= a[1]
-
-
-def _mark(base: float | None, candidate: float | None, direction: Direction | None, overlap: bool | None,
+def _mark(base: float | None, candidate: float | None, direction: Direction | None, overlapping: bool | None,
           breached: bool, min_difference: float | None = None) -> str:
     if base is None or candidate is None:
         return ONE_SIDE
     if breached:
         return BREACH
-    if overlap or base == candidate:
+    if overlapping or base == candidate:
         return NOISE
     if min_difference is not None and abs(candidate - base) < min_difference:
         return SAME
@@ -291,23 +286,6 @@ def parse_min_differences(texts: list[str], origin: str = "--min-difference") ->
     return parsed
 
 
-def min_difference_of(key: str, base: float | None,
-                      overrides: Mapping[str, tuple[float, bool] | None] | None = None) -> float | None:
-    """The smallest change of `key` that counts (in its unit), from the overrides or the registry; None: any."""
-    if overrides is not None and key in overrides:
-        difference = overrides[key]
-    else:
-        metric = lookup(key)
-        difference = None if metric is None or metric.practical_difference is None else (
-            metric.practical_difference, metric.practical_relative)
-    if difference is None:
-        return None
-    amount, relative = difference
-    if not relative:
-        return amount
-    return None if base is None else amount * abs(base)
-
-
 def compare_reports(
     base: Report,
     candidate: Report,
@@ -345,7 +323,7 @@ def compare_reports(
         bi, ci = base.intervals.get(key), candidate.intervals.get(key)
         direction = direction_of(key)
         least = min_difference_of(key, b, differences)
-        rows.append(MetricRow(key, b, c, direction, _mark(b, c, direction, _overlap(bi, ci), key in breached, least),
+        rows.append(MetricRow(key, b, c, direction, _mark(b, c, direction, overlap(bi, ci), key in breached, least),
                               bi, ci, least))
     notes = _config_notes(base, candidate)
     unjudged = [r.metric for r in rows if r.base is not None and r.candidate is not None

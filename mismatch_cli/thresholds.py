@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from mismatch_cli.errors import UsageError
+from mismatch_cli.metrics import Direction, direction_of
+from mismatch_cli.noise import NoiseTest, magnitude_interval, min_difference_of
 from mismatch_cli.report import SCHEMA_VERSION, Report
 from mismatch_cli.rules import RULE_GRAMMAR, RULE_HELP, Rule, parse_rule
 from mismatch_cli.scopes import (
@@ -27,6 +29,7 @@ from mismatch_cli.scopes import (
 )
 
 MISSING_POLICIES = ("error", "warn", "skip")
+STATUSES = ("pass", "fail", "held", "error", "warn", "skip")
 VERL_PREFIX = "rollout_corr/"
 @dataclass
 class CheckConfig:
@@ -64,7 +67,11 @@ def load_check_config(path: Path | None) -> CheckConfig:
 
 @dataclass
 class Outcome:
-    """How one rule fared: `pass`, `fail`, `error` (could not be evaluated), `warn` or `skip` (per --missing)."""
+    """How one rule fared: `pass`, `fail`, `held`, `error` (could not be evaluated), `warn` or `skip` (per --missing).
+
+    `held`: a relative rule whose limit the value is past, but by a change within noise (the two 95 % intervals
+    overlap) or smaller than the metric's minimal practical difference; it does not fail the check.
+    """
 
     rule: Rule
     status: str
@@ -76,13 +83,19 @@ class Outcome:
     severity: float = 0.0  # how far past the bound, relative to its scale (orders breaches worst first)
     exit_code: int = 0  # for `error`: 2 (the rule is wrong for this data) or 3 (the data lacks a value)
     where: list[str] = field(default_factory=list)  # scoped rules: the steps / groups that breach (or hold the value)
+    interval: list[float] | None = None  # relative rules: the value's 95 % interval (of |x| for abs())
+    baseline_interval: list[float] | None = None
+    min_difference: float | None = None  # relative rules: the smallest change that counts (None: any)
+    warnings: list[str] = field(default_factory=list)  # e.g. a relative rule on a signed metric
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping."""
         return {"rule": self.rule.text, "metric": self.metric or self.rule.metric, "status": self.status,
                 "value": self.value, "baseline": self.baseline, "bound": self.bound, "message": self.message,
                 "origin": self.rule.origin, "aggregate": self.rule.aggregate, "scope": self.rule.scope,
-                "where": list(self.where)}
+                "where": list(self.where), "interval": self.interval, "baseline_interval": self.baseline_interval,
+                "min_difference": self.min_difference, "held_back": self.status == "held",
+                "warnings": list(self.warnings)}
 
 
 @dataclass
@@ -106,9 +119,12 @@ class CheckResult:
 
     def verdict(self) -> str:
         """One line: PASS, FAIL or ERROR, with counts and the worst breach."""
-        counts = {s: sum(o.status == s for o in self.outcomes) for s in ("pass", "fail", "error", "warn", "skip")}
+        counts = {s: sum(o.status == s for o in self.outcomes) for s in STATUSES}
         total = len(self.outcomes)
-        tail = ", ".join(f"{n} {s if s != 'warn' else 'warned'}" for s, n in counts.items() if n and s != "pass")
+        words = {"warn": "warned", "held": "held back as noise"}
+        tail = ", ".join(f"{n} {words.get(s, s)}" for s, n in counts.items() if n and s != "pass")
+        warned = sum(bool(o.warnings) for o in self.outcomes)
+        tail += (", " if tail and warned else "") + (f"{warned} with a warning" if warned else "")
         tail = f" ({tail})" if tail else ""
         if counts["fail"]:
             worst = self.breaches[0]
@@ -117,7 +133,7 @@ class CheckResult:
         if counts["error"]:
             first = next(o for o in self.outcomes if o.status == "error")
             return f"mismatch check: ERROR - {counts['error']} of {total} rule(s) not evaluated{tail}; {first.message}"
-        return f"mismatch check: PASS - {counts['pass']} of {total} rule(s) passed{tail}"
+        return f"mismatch check: PASS - {counts['pass'] + counts['held']} of {total} rule(s) passed{tail}"
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping."""
@@ -151,8 +167,13 @@ def _bound(rule: Rule, base: float) -> tuple[float | None, float | None]:
     return upper, lower
 
 
-def _judge(rule: Rule, metric: str, name: str, value: float, base: float | None) -> Outcome:
-    """Hold one value (a metric, |metric| or an aggregate) to an absolute rule, or to a relative one vs `base`."""
+def _judge(rule: Rule, metric: str, name: str, value: float, base: float | None,
+           noise: NoiseTest | None = None) -> Outcome:
+    """Hold one value (a metric, |metric| or an aggregate) to an absolute rule, or to a relative one vs `base`.
+
+    With a `noise` test, a relative rule whose limit the value is past is `held` (not failed) when the change
+    is within noise or below the minimal practical difference; the message says which, with the numbers.
+    """
     if not rule.relative:
         limit = rule.value
         ok = _holds(rule.op, value, limit)
@@ -169,13 +190,51 @@ def _judge(rule: Rule, metric: str, name: str, value: float, base: float | None)
     change = (value - base) / abs(base) * 100.0 if base else math.inf if value != base else 0.0
     change_text = f"{change:+.3g}%" if math.isfinite(change) else f"{value - base:+.3g}"
     allowed = rule.text.rsplit(":", 1)[1].strip()  # the scope's ':' comes before it
-    if over or under:
+    head = f"{name} = {value:.6g} vs baseline {base:.6g} ({change_text})"
+    held = noise.within_noise(base, value) if noise is not None and (over or under) else None
+    if held is not None:
+        outcome = Outcome(rule, "held", metric, value, base, bound,
+                          message=f"{head} is past {allowed} (limit {bound:.6g}) but held back, {held}")
+    elif over or under:
         severity = (value - upper) / scale if over else (lower - value) / scale  # type: ignore[operator]
-        return Outcome(rule, "fail", metric, value, base, bound, severity=float(severity),
-                       message=f"{name} = {value:.6g} vs baseline {base:.6g} ({change_text}) breaches "
-                       f"{allowed} (limit {bound:.6g})")
-    return Outcome(rule, "pass", metric, value, base, bound,
-                   message=f"{name} = {value:.6g} vs baseline {base:.6g} ({change_text}) within {allowed}")
+        why = f"; beyond noise: {noise.beyond_noise(base, value)}" if noise is not None else ""
+        outcome = Outcome(rule, "fail", metric, value, base, bound, severity=float(severity),
+                          message=f"{head} breaches {allowed} (limit {bound:.6g}){why}")
+    else:
+        outcome = Outcome(rule, "pass", metric, value, base, bound, message=f"{head} within {allowed}")
+    if noise is not None:
+        outcome.interval, outcome.baseline_interval = noise.candidate_interval, noise.base_interval
+        outcome.min_difference = noise.min_difference
+    return outcome
+
+
+def _noise_test(rule: Rule, metric: str, candidate: Report, baseline: Report, base: float) -> NoiseTest:
+    """Both sides' 95 % intervals of the rule's value (of |x| for abs()) and the metric's minimal difference."""
+    intervals = [report.intervals.get(metric) for report in (baseline, candidate)]
+    if rule.magnitude:
+        intervals = [magnitude_interval(interval) for interval in intervals]
+    return NoiseTest(intervals[0], intervals[1], min_difference_of(metric, base))
+
+
+def abs_form(rule: Rule) -> str:
+    """The rule written on the metric's magnitude: `kl:+50%` -> `abs(kl):+50%`, `max(step:kl):+10%` -> ..."""
+    inner = f"abs({rule.metric})"
+    target = inner if rule.scope is None else f"{rule.aggregate}({rule.scope}:{inner})"
+    return f"{target}:{rule.text.rsplit(':', 1)[1].strip()}"
+
+
+def signed_warnings(rule: Rule, metric: str, base: float, value: float) -> list[str]:
+    """A relative rule on a signed metric judges the signed value, blind to |x| growing the other way: say so."""
+    if rule.magnitude or not rule.relative:
+        return []
+    signed = direction_of(metric) is Direction.LOWER_ABS
+    if not signed and base >= 0 and value >= 0:
+        return []
+    why = "lower |x| is better" if signed else "it is negative here"
+    growth = f", x{abs(value) / abs(base):.3g}" if base else ""
+    return [f"{metric} is signed ({why}) and {rule.text} holds the signed value, so it cannot see the magnitude "
+            f"grow the other way (here |value| went {abs(base):.3g} -> {abs(value):.3g}{growth}); "
+            f"write {abs_form(rule)} to hold the magnitude"]
 
 
 def _holds(op: str, value: float, limit: float) -> bool:
@@ -204,7 +263,10 @@ def evaluate_rule(rule: Rule, candidate: Report, baseline: Report | None, missin
     if base is None or not math.isfinite(base):
         what = "has no" if metric not in baseline.metrics else "has a null"
         return _missing(rule, missing, f"the baseline {what} {metric}", 3)
-    return _judge(rule, metric, name, value, abs(base) if rule.magnitude else base)
+    base_value = abs(base) if rule.magnitude else base
+    outcome = _judge(rule, metric, name, value, base_value, _noise_test(rule, metric, candidate, baseline, base_value))
+    outcome.warnings += signed_warnings(rule, metric, base, value)
+    return outcome
 
 
 def _evaluate_scoped(rule: Rule, candidate: Report, baseline: Report | None, missing: str) -> Outcome:
@@ -243,6 +305,8 @@ def _evaluate_scoped(rule: Rule, candidate: Report, baseline: Report | None, mis
                 return _missing(rule, missing, f"the baseline has no {key} in its per-{scope} table", 3)
             base = reduce(rule.aggregate or "", base_defined)[0]
         outcome = _judge(rule, key, name + (f" (at {holder.label})" if holder else ""), value, base)
+        if base is not None:  # per-step / per-group tables carry no intervals: the value alone decides
+            outcome.warnings += signed_warnings(rule, key, base, value)
         if holder is None:  # mean: name the entry that pulls it furthest the wrong way
             high = (value > outcome.bound if outcome.status == "fail" and outcome.bound is not None
                     else rule.op in ("<=", "<", "+", "±"))
@@ -313,10 +377,12 @@ __all__ = [
     "CheckResult",
     "Outcome",
     "Rule",
+    "abs_form",
     "evaluate",
     "evaluate_rule",
     "grouping_for",
     "load_check_config",
     "parse_rule",
     "require_baseline",
+    "signed_warnings",
 ]

@@ -138,7 +138,7 @@ def check_cells(comparison: Comparison) -> list[list[str]]:
 
 
 CHECK_COLUMNS = ["", "rule", "value", "baseline", "limit", "status", "detail"]
-_STATUS_MARK = {"fail": "!", "error": "x", "warn": "x", "skip": "", "pass": ""}
+_STATUS_MARK = {"fail": "!", "held": "~", "error": "x", "warn": "x", "skip": "", "pass": ""}
 
 
 def outcome_cells(result: CheckResult) -> list[list[str]]:
@@ -147,7 +147,7 @@ def outcome_cells(result: CheckResult) -> list[list[str]]:
         return "-" if value is None else format_value(value)
 
     return [[_STATUS_MARK[o.status], o.rule.text, number(o.value), number(o.baseline), number(o.bound),
-             o.status, o.message] for o in result.outcomes]
+             o.status, "; ".join([o.message, *(f"warning: {w}" for w in o.warnings)])] for o in result.outcomes]
 
 
 def check_title(inputs: list[str], baseline: str | None = None, width: int | None = None) -> str:
@@ -165,11 +165,16 @@ def render_check_table(result: CheckResult, console: Console, title: str) -> Non
 
 
 def print_reasons(result: CheckResult, console: Console) -> None:
-    """Why each rule was not evaluated (error, warn, skip): one unwrapped line each, as CI logs grep them."""
+    """Why each rule was not evaluated (error, warn, skip: one unwrapped line each, as CI logs grep them), then
+    why each rule failed or was held back as noise, and each rule's warnings (wrapped to the width)."""
     for outcome in result.outcomes:
         if outcome.status in ("error", "warn", "skip"):
             console.print(f"{outcome.status}: {outcome.rule.text}: {outcome.message}", highlight=False, markup=False,
                           soft_wrap=True)
+    for outcome in result.outcomes:
+        reasons = [(outcome.status, outcome.message)] if outcome.status in ("fail", "held") else []
+        for label, text in reasons + [("warning", warning) for warning in outcome.warnings]:
+            console.print(f"{label}: {outcome.rule.text}: {text}", highlight=False, markup=False)
 
 
 def render_check_markdown(result: CheckResult, title: str) -> str:

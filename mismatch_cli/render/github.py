@@ -18,12 +18,15 @@ def _escape_property(text: str) -> str:
 
 
 def annotations(result: CheckResult, limit: int = MAX_ANNOTATIONS) -> list[str]:
-    """Workflow-command lines: breaches worst first as errors, then unevaluated rules, then warnings."""
-    ordered = [("error", o) for o in result.breaches]
-    ordered += [("error", o) for o in result.outcomes if o.status == "error"]
-    ordered += [("warning", o) for o in result.outcomes if o.status == "warn"]
-    lines = [f"::{level} title={_escape_property(TITLE)}::{_escape_data(o.rule.text + ': ' + o.message)}"
-             for level, o in ordered[:limit]]
+    """Workflow-command lines: breaches worst first as errors, then unevaluated rules, then warnings (missing
+    metrics, relative rules on signed metrics), then rules held back as noise as notices."""
+    ordered = [("error", o, o.message) for o in result.breaches]
+    ordered += [("error", o, o.message) for o in result.outcomes if o.status == "error"]
+    ordered += [("warning", o, o.message) for o in result.outcomes if o.status == "warn"]
+    ordered += [("warning", o, warning) for o in result.outcomes for warning in o.warnings]
+    ordered += [("notice", o, o.message) for o in result.outcomes if o.status == "held"]
+    lines = [f"::{level} title={_escape_property(TITLE)}::{_escape_data(o.rule.text + ': ' + text)}"
+             for level, o, text in ordered[:limit]]
     if len(ordered) > limit:
         lines.append(f"::notice title={_escape_property(TITLE)}::{len(ordered) - limit} more finding(s) "
                      "not annotated; see the job summary")
@@ -32,13 +35,15 @@ def annotations(result: CheckResult, limit: int = MAX_ANNOTATIONS) -> list[str]:
 
 def step_summary(result: CheckResult, input_label: str, baseline_label: str | None) -> str:
     """A Markdown block for $GITHUB_STEP_SUMMARY."""
-    icon = {"pass": "pass", "fail": "**FAIL**", "error": "**error**", "warn": "warning", "skip": "skipped"}
+    icon = {"pass": "pass", "fail": "**FAIL**", "held": "held (noise)", "error": "**error**", "warn": "warning",
+            "skip": "skipped"}
     lines = ["### mismatch check", "", f"input: `{input_label}`" + (f", baseline: `{baseline_label}`"
                                                                     if baseline_label else ""), ""]
     lines += ["| status | rule | value | baseline | detail |", "|---|---|---|---|---|"]
     for o in result.outcomes:
         cells = [icon[o.status], f"`{o.rule.text}`", format_value(o.value) if o.value is not None else "-",
-                 format_value(o.baseline) if o.baseline is not None else "-", o.message]
+                 format_value(o.baseline) if o.baseline is not None else "-",
+                 "; ".join([o.message, *(f"warning: {w}" for w in o.warnings)])]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     lines += ["", f"**{result.verdict()}**", ""]
     return "\n".join(lines)

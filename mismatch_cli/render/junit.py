@@ -33,9 +33,15 @@ def render_junit(result: CheckResult, input_label: str = "") -> str:
             error.text = outcome.message
         elif outcome.status in ("warn", "skip"):
             ET.SubElement(case, "skipped", message=outcome.message)
-        else:
+        else:  # pass, or held back as noise: a passing case whose output says which
+            if outcome.status == "held":
+                properties = ET.SubElement(case, "properties")
+                ET.SubElement(properties, "property", name="held_back", value="noise")
             out = ET.SubElement(case, "system-out")
             out.text = outcome.message
+        if outcome.warnings:
+            err = ET.SubElement(case, "system-err")
+            err.text = "\n".join(f"warning: {warning}" for warning in outcome.warnings)
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
 
