@@ -47,7 +47,6 @@ MIN_Z = 5.0
 BULK_LOG_RATIO = 1.0  # the k3 / k1 test's mean ratio is taken over tokens with |d| below this
 MIN_PEARSON = 0.9
 PROCESSED_MIN_BELOW = 0.8  # processed log-probs: the share of tokens whose ratio is below 1
-PROCESSED_MIN_ZEROS = 1e-3  # and, when the slope also says temperature, the share of exact 0.0 rollout log-probs
 BITWISE_INFO_FRACTION = 0.5
 
 
@@ -233,17 +232,15 @@ def processed_logprobs(metrics: dict[str, Any], table: dict[str, Any]) -> list[F
             "logprobs_mode=processed_logprobs reports them renormalized over it")]
 
 
-def _one_of(processed: list[Finding], tempered: list[Finding],
-            table: dict[str, Any]) -> tuple[list[Finding], list[Finding]]:
+def _one_of(processed: list[Finding], tempered: list[Finding]) -> tuple[list[Finding], list[Finding]]:
     """Which of two findings that both break the ratio mean explains the dump: a temperature or processed log-probs.
 
     Renormalizing raises every rollout log-prob by -log(kept mass) >= 0, more where old is low, so it can only
-    lower the slope of rollout on old: a slope above 1 is a temperature below the trainer's. Below 1, exact 0.0
-    rollout log-probs (a nucleus of one token, PROCESSED_MIN_ZEROS of the tokens or more) name the truncation.
+    lower the slope of rollout on old: a slope above 1 is a temperature below the trainer's, whose capped ratio
+    mean falls through the cap at e. A rollout temperature above the trainer's (slope below 1) leaves ratios
+    well under e and the capped mean at 1, so with a slope below 1 a broken ratio mean is the truncation.
     """
-    slope = tempered[0].evidence["temperature_slope"]
-    zeros = table["zero_rollout"] / table["tokens"] if table["tokens"] else 0.0
-    if slope > 1 or zeros < PROCESSED_MIN_ZEROS:
+    if tempered[0].evidence["temperature_slope"] > 1:
         return [], tempered
     return processed, []
 
@@ -272,7 +269,7 @@ def signatures(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
     processed = [] if structural else processed_logprobs(metrics, table)
     tempered = [] if structural else temperature_mismatch(metrics, table)
     if processed and tempered:
-        processed, tempered = _one_of(processed, tempered, table)
+        processed, tempered = _one_of(processed, tempered)
     found += tempered
     # k3 / k1 off is the processed log-probs' symptom: it is shown as a finding of its own only without them.
     return found + processed + ([] if processed else k3_k1_ratio(metrics, table)) + collapsed_correlation(metrics,
