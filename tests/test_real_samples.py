@@ -124,11 +124,16 @@ def test_multi_turn_tool_replies_are_rounds_not_bugs(reports: dict[str, dict]) -
     assert not codes(report) & BUGS
 
 
-def sampled_dump(path: Path, noise: float, rows: int = 200, length: int = 100, vocab: int = 64) -> None:
-    """Tokens sampled from the rollout's softmax over `vocab` logits; the trainer's logits differ by N(0, noise)."""
+def sampled_dump(path: Path, noise: float = 0.0, temperature: float = 1.0, top_k: int = 0, rows: int = 200,
+                 length: int = 100, vocab: int = 64) -> None:
+    """Tokens sampled from the rollout's softmax over `vocab` logits (at `temperature`, renormalized over the
+    `top_k` largest when set); the trainer scores the same logits plus N(0, noise) at temperature 1."""
     rng = np.random.default_rng(7)
     logits = rng.normal(0, 3, (rows * length, vocab))
-    rollout = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+    scaled = logits / temperature
+    if top_k:
+        scaled = np.where(scaled >= np.sort(scaled, axis=1)[:, -top_k:-top_k + 1], scaled, -np.inf)
+    rollout = scaled - np.logaddexp.reduce(scaled, axis=1, keepdims=True)
     trainer = logits + rng.normal(0, noise, logits.shape)
     trainer -= np.logaddexp.reduce(trainer, axis=1, keepdims=True)
     pick = (rng.random((rows * length, 1)) < np.cumsum(np.exp(rollout), axis=1)).argmax(axis=1)
@@ -172,3 +177,22 @@ def test_a_sequence_level_correction_is_judged_on_the_rows_ess() -> None:
     report = analyze([str(path)], CorrectionConfig(rollout_is="sequence"), bootstrap=0).to_dict()
     check = next(c for c in report["summary"]["before"]["checks"] if c["metric"] == "diag/ess_seq_kish")
     assert check["value"] == pytest.approx(kish, rel=1e-5) and check["ok"] == (kish >= 0.3)
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "code"), [(1.5, 0, "temperature_mismatch"),
+                                                           (0.7, 0, "temperature_mismatch"),
+                                                           (1.0, 8, "processed_logprobs")])
+def test_a_temperature_and_a_truncation_are_told_apart(tmp_path: Path, temperature: float, top_k: int,
+                                                       code: str) -> None:
+    path = tmp_path / "sampled.parquet"
+    sampled_dump(path, temperature=temperature, top_k=top_k)
+    report = run(path)
+    assert report["summary"]["diagnosis"]["code"] == code
+    assert not codes(report) & (BUGS - {code})
+    if code == "temperature_mismatch":
+        old, rollout, _ = columns(path)
+        tail = old < -1
+        share = rollout[tail] / old[tail]
+        want = 1 / np.quantile(share, 0.999 if temperature < 1 else 0.001)
+        assert report["metrics"]["diag/temperature_estimate"] == pytest.approx(want, rel=0.01)
+        assert report["metrics"]["diag/temperature_estimate"] == pytest.approx(temperature, rel=0.05)
