@@ -26,15 +26,16 @@ def screen(*args: object, width: int = 80) -> str:
     return result.stdout
 
 
-def worst_token(path: Path) -> tuple[int, int, float, int]:
-    """Row, position, |Δ| of the largest |old - rollout| among masked tokens, and how many have |Δ| >= 8 (numpy)."""
+def largest_token(path: Path) -> tuple[int, int, float, int]:
+    """Row, position, Δ of the largest Δ = old - rollout among masked tokens (chi2's largest term), and how many
+    have Δ >= 8 (numpy)."""
     table = pq.read_table(path)
-    best = (-1, -1, -1.0)
+    best = (-1, -1, -np.inf)
     big = 0
     for row, (old, rollout, mask) in enumerate(zip(*(table[c].to_pylist() for c in (
             "old_log_probs", "rollout_log_probs", "response_mask")), strict=True)):
-        delta = np.abs(np.asarray(old, np.float64) - np.asarray(rollout, np.float64))
-        delta[np.asarray(mask) == 0] = -1
+        delta = np.asarray(old, np.float64) - np.asarray(rollout, np.float64)
+        delta[np.asarray(mask) == 0] = -np.inf
         big += int((delta >= 8).sum())
         if delta.max() > best[2]:
             best = (row, int(delta.argmax()), float(delta.max()))
@@ -47,11 +48,11 @@ def test_the_first_screen_names_the_cause_and_a_correction_that_works(monkeypatc
     text = screen("sample_data/multi_turn.parquet", "--bootstrap", "0")
     lines = text.splitlines()
     assert len(lines) <= 45 and max(map(len, lines)) <= 80
-    row, position, magnitude, big = worst_token(SAMPLE)
+    row, position, delta, big = largest_token(SAMPLE)
     assert text.index("Health: WARNING") < text.index("Why") < text.index("What to do")
     flat = " ".join(text.split())
     assert f"{big} tokens" in flat and "χ²_token" in flat
-    assert f"multi_turn.parquet:{row}:{position}" in flat and f"|Δ| {magnitude:.3g}" in flat
+    assert f"multi_turn.parquet:{row}:{position}" in flat and f"Δ {delta:+.3g}" in flat
     advice = re.search(r"turn on .*?: (--is \S+ --is-threshold \S+)", flat)
     assert advice is not None and "health after: HEALTHY" in flat
     corrected = screen("sample_data/multi_turn.parquet", *advice.group(1).split(), "--bootstrap", "0")

@@ -1,15 +1,17 @@
 """What the bug signatures and the causes of a failing check need, folded per chunk in fixed-size float64 state.
 
-Per |delta| octave (bucket e holds 2^(e-127) <= |delta| < 2^(e-126), the float32 exponent; bucket 0 also
-holds 0): tokens, the chi2_token terms (formulas.chi2_token_terms) and the clamped ratio, so "N tokens with
-|delta| >= d carry y % of chi2_token" is exact for every power of two d (per token k3 - k1 = ratio - 1);
-the k3 and k1 totals. Per side: exact-constant fills (a side exactly 0.0, or repeating the previous valid
-token's value of its row, while the other side moves, on a token whose |delta| exceeds ln 2). The
-bitwise-equal count; the moments of x = old, y = rollout for the least-squares slope of rollout on old
-(the temperature signature); the residuals of the aligned and the one-token-shifted streams within rows
-(the off-by-one signature); and the single worst token with its file, row, position and round.
+Per signed |delta| octave (bucket e holds 2^(e-127) <= |delta| < 2^(e-126), the float32 exponent; bucket 0
+also holds 0; delta < 0 and delta >= 0 in separate buckets): tokens, the chi2_token terms
+(formulas.chi2_token_terms), the clamped ratio and exp|delta|, so "N tokens with delta >= d carry y % of
+chi2_token" (only delta > 0 adds to its excess, ratio^2 - 1) and "N tokens with |delta| >= d carry y % of
+token_mult_prob_error - 1" are exact for every power of two d (per token k3 - k1 = ratio - 1); the k3 and k1
+totals. Per side: exact-constant fills (a side exactly 0.0, or repeating the previous valid token's value of
+its row, while the other side moves, on a token whose |delta| exceeds ln 2). The bitwise-equal count; the
+moments of x = old, y = rollout for the least-squares slope of rollout on old (the temperature signature);
+the residuals of the aligned and the one-token-shifted streams within rows (the off-by-one signature); and
+the tokens with the largest |delta| and the largest delta, placed (worst_token.py).
 
-Every per-token sum accumulates in float64 device tensors (no host round trip per chunk); the worst token's
+Every per-token sum accumulates in float64 device tensors (no host round trip per chunk); the two tokens'
 candidates are resolved on the host once every PENDING chunks and in `compute`.
 """
 
@@ -26,6 +28,7 @@ from mismatch_cli.engine.diagnostics import scratch
 from mismatch_cli.engine.ops import total
 from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution, finite_or_none
 from mismatch_cli.engine.state import F64, Reducer
+from mismatch_cli.engine.worst_token import WorstTokens
 
 # Octave buckets of |delta|: the float32 exponent field (a float64 one is mapped onto it, clamped), read from
 # the bits, which is several times cheaper than comparing with edges.
@@ -34,7 +37,6 @@ EXPONENT_BIAS = 127
 # A fill token: the filled side's value is off the other side's by more than a factor 2 of probability.
 # bf16 rounding turns a log-prob of about -0.06 or above into exactly 0.0, never one below -ln 2.
 FILL_LOG_RATIO = math.log(2.0)
-PENDING = 16  # worst-token candidates kept before one host read resolves them
 # The ratio-mean test caps each token's ratio at e: under the rollout distribution E[ratio] = 1, so the capped
 # mean is 1 minus the trainer's mass on tokens with ratio > e (tiny for precision noise), and a bounded summand
 # keeps its standard error honest however heavy the upper tail is (findings/signatures.py, ratio_mean_test).
@@ -58,20 +60,22 @@ def bucket_high(index: int) -> float:
     return math.inf if index == NUM_BUCKETS - 1 else math.ldexp(1.0, index + 1 - EXPONENT_BIAS)
 
 
-def octaves(magnitude: torch.Tensor) -> torch.Tensor:
-    """Octave bucket per non-negative value: its float32 exponent field (float64: the same octave, clamped)."""
-    if magnitude.dtype == torch.float32:
-        return torch.bitwise_right_shift(magnitude.view(torch.int32), 23).long()
-    exponent = torch.bitwise_right_shift(magnitude.view(torch.int64), 52) - (1023 - EXPONENT_BIAS)
-    return exponent.clamp_(0, NUM_BUCKETS - 1)
+def signed_octaves(delta: torch.Tensor) -> torch.Tensor:
+    """Bucket per value: the octave of |value| (its float32 exponent field; float64: the same octave, clamped),
+    plus NUM_BUCKETS when the sign bit is set, so the two signs never share a bucket."""
+    if delta.dtype == torch.float32:  # sign and exponent are the top 9 bits; the arithmetic shift sign-extends
+        return torch.bitwise_right_shift(delta.view(torch.int32), 23).bitwise_and_(2 * NUM_BUCKETS - 1).long()
+    bits = delta.view(torch.int64)
+    exponent = torch.bitwise_right_shift(bits, 52).bitwise_and_(0x7FF) - (1023 - EXPONENT_BIAS)
+    return exponent.clamp_(0, NUM_BUCKETS - 1).add_((bits < 0).long(), alpha=NUM_BUCKETS)
 
 
-def _host_octaves(magnitude: np.ndarray, device: torch.device) -> np.ndarray:
-    """`octaves` of a host array as the int64 index numpy's bincount takes, shifted straight into a work buffer."""
-    if magnitude.dtype != np.float32:
-        return octaves(torch.from_numpy(magnitude)).numpy()
-    out = scratch("signatures_octave", magnitude.size, torch.int64, device).numpy()
-    return np.right_shift(magnitude.view(np.int32), 23, out=out)
+def _host_octaves(delta: np.ndarray, device: torch.device) -> np.ndarray:
+    """`signed_octaves` of a host array as the int64 index numpy's bincount takes, shifted into a work buffer."""
+    if delta.dtype != np.float32:
+        return signed_octaves(torch.from_numpy(delta)).numpy()
+    out = scratch("signatures_octave", delta.size, torch.int64, device).numpy()
+    return np.right_shift(delta.view(np.uint32), 23, out=out)  # unsigned: the sign bit lands on NUM_BUCKETS
 
 
 def _row_starts(chunk: Chunk) -> torch.Tensor:
@@ -90,11 +94,11 @@ class SignaturesAccumulator(Accumulator):
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.state = Reducer(device)
-        # tokens, sum ratio^2, sum ratio, sum exp|delta| (NeMo-RL's token_mult_prob_error summand)
-        self.buckets = torch.zeros((4, NUM_BUCKETS), dtype=F64, device=device)
+        # tokens, sum ratio^2, sum ratio, sum exp|delta| (NeMo-RL's token_mult_prob_error summand), per signed
+        # octave: [0, NUM_BUCKETS) hold delta >= 0, the rest delta < 0 (only delta > 0 adds to chi2's excess)
+        self.buckets = torch.zeros((4, 2 * NUM_BUCKETS), dtype=F64, device=device)
         self.tail_slopes = torch.zeros(SLOPE_BINS, dtype=F64, device=device)  # histogram of rollout / old, tail
-        self.pending: list[tuple[torch.Tensor, dict[str, Any]]] = []
-        self.worst: dict[str, Any] | None = None
+        self.tokens = WorstTokens()
 
     def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
         """Fold one chunk of whole sequences in (device work only, but one host read per PENDING chunks)."""
@@ -103,7 +107,6 @@ class SignaturesAccumulator(Accumulator):
         s.add("tokens", float(n))
         if n == 0:
             return
-        magnitude = chunk.abs_log_ratio
         s.add("k3", chunk.total(chunk.k3))
         s.add("k1", -chunk.total(chunk.log_ratio))  # k1 = rollout - old; negation is exact, so is the negated sum
         s.add("pairs", float(n) - total(chunk.row_valid))  # pairs (t, t+1) in one row: N minus non-empty rows
@@ -118,7 +121,7 @@ class SignaturesAccumulator(Accumulator):
             self._host_sums(chunk)
         else:
             self._device_sums(chunk)
-        self._candidate(chunk, magnitude)
+        self.tokens.update(chunk)
 
     def _host_sums(self, chunk: Chunk) -> None:
         """Buckets, fills, equality, moments and shift residuals on numpy's kernels, in reused work buffers.
@@ -131,14 +134,14 @@ class SignaturesAccumulator(Accumulator):
         magnitude = chunk.abs_log_ratio.numpy()
         lengths = chunk.lengths.numpy()
         starts = np.cumsum(lengths) - lengths  # an empty row's start is the next row's (or N)
-        index = _host_octaves(magnitude, cpu)
+        index = _host_octaves(chunk.log_ratio.numpy(), cpu)
         sums = self.buckets
         exp_abs = scratch("signatures_exp_abs", n, torch.float64, cpu).numpy()
         np.copyto(exp_abs, magnitude)
         with np.errstate(over="ignore"):  # inf, as NeMo-RL's metric gives
             np.exp(exp_abs, out=exp_abs)
         for row, weights in enumerate((None, chunk.ratio_safe_sq.numpy(), chunk.ratio_safe.numpy(), exp_abs)):
-            found = np.bincount(index, weights=weights, minlength=NUM_BUCKETS)
+            found = np.bincount(index, weights=weights, minlength=2 * NUM_BUCKETS)
             sums[row] += torch.from_numpy(found.astype(np.float64, copy=False))
 
         def flags(name: str, size: int = n) -> np.ndarray:
@@ -184,11 +187,11 @@ class SignaturesAccumulator(Accumulator):
         """The same sums with torch's kernels (any device, no host round trip)."""
         s = self.state
         old, rollout = chunk.old, chunk.rollout
-        index = octaves(chunk.abs_log_ratio)
-        self.buckets[0] += torch.bincount(index, minlength=NUM_BUCKETS).to(F64)
-        self.buckets[1] += torch.bincount(index, weights=chunk.ratio_safe_sq.to(F64), minlength=NUM_BUCKETS)
-        self.buckets[2] += torch.bincount(index, weights=chunk.ratio_safe.to(F64), minlength=NUM_BUCKETS)
-        self.buckets[3] += torch.bincount(index, weights=torch.exp(chunk.abs_log_ratio.to(F64)), minlength=NUM_BUCKETS)
+        index, size = signed_octaves(chunk.log_ratio), 2 * NUM_BUCKETS
+        self.buckets[0] += torch.bincount(index, minlength=size).to(F64)
+        self.buckets[1] += torch.bincount(index, weights=chunk.ratio_safe_sq.to(F64), minlength=size)
+        self.buckets[2] += torch.bincount(index, weights=chunk.ratio_safe.to(F64), minlength=size)
+        self.buckets[3] += torch.bincount(index, weights=torch.exp(chunk.abs_log_ratio.to(F64)), minlength=size)
         s.add("bitwise_equal", old == rollout)
         continues = ~_row_starts(chunk)[1:-1]  # [N - 1]: token t + 1 continues token t's row
         far = chunk.abs_log_ratio > FILL_LOG_RATIO
@@ -214,77 +217,28 @@ class SignaturesAccumulator(Accumulator):
                                ("backward", old[1:] - rollout[:-1])):
             s.add(f"shift_{name}", torch.where(continues, residual * residual, 0.0))
 
-    def _candidate(self, chunk: Chunk, magnitude: torch.Tensor) -> None:
-        """Keep the chunk's largest |delta| (device scalars) and what places it; resolve every PENDING chunks."""
-        at = chunk.worst_token
-        if magnitude.device.type == "cpu":
-            token = int(at[0])
-            values = torch.tensor([float(magnitude[token]), float(token), float(chunk.old[token]),
-                                   float(chunk.rollout[token])], dtype=F64)
-        else:
-            values = torch.stack([magnitude.index_select(0, at)[0].to(F64), at[0].to(F64),
-                                  chunk.old.index_select(0, at)[0].to(F64),
-                                  chunk.rollout.index_select(0, at)[0].to(F64)])
-        # Only the host arrays that place a token (no per-token tensor is kept alive).
-        layout = chunk.layout
-        meta = {"file": chunk.source, "first_row": chunk.first_row, "offsets": chunk.offsets,
-                "valid": layout.keep if layout is not None else None,
-                "starts": layout.starts if layout is not None else None,
-                "steps": chunk.steps, "ids": chunk.sequence_ids,
-                "lengths": chunk.lengths if chunk.offsets is None or layout is None else None}
-        self.pending.append((values, meta))
-        if len(self.pending) >= PENDING:
-            self._resolve()
-
-    def _resolve(self) -> None:
-        """Read the pending candidates (one host sync) and keep the worst token found so far."""
-        if not self.pending:
-            return
-        values = torch.stack([v for v, _ in self.pending]).cpu().numpy()
-        # Placing a token reads its chunk's layout on the host (O(positions)); only the candidates with
-        # the largest |delta| can win (ties are settled by file, row and position), so only they are placed.
-        best = values[:, 0].max()
-        if self.worst is not None:
-            best = max(best, self.worst["abs_log_ratio"])
-        for (magnitude, token, old, rollout), (_, meta) in zip(values, self.pending, strict=True):
-            if magnitude < best:
-                continue
-            entry = _place(meta, int(token))
-            entry.update(abs_log_ratio=float(magnitude), old_log_prob=float(old), rollout_log_prob=float(rollout))
-            self._offer(entry)
-        self.pending = []
-
-    def _offer(self, entry: dict[str, Any]) -> None:
-        def order(e: dict[str, Any]) -> tuple[float, str, int, int]:
-            return (-e["abs_log_ratio"], e["file"], e["row"], e["position"])
-
-        if self.worst is None or order(entry) < order(self.worst):
-            self.worst = entry
-
     def merge(self, other: SignaturesAccumulator) -> None:
         """Fold another shard's state in."""
         self.state.merge(other.state)
         self.buckets += other.buckets.to(self.device)
         self.tail_slopes += other.tail_slopes.to(self.device)
-        other._resolve()
-        if other.worst is not None:
-            self._offer(other.worst)
+        self.tokens.merge(other.tokens)
 
     def compute(self) -> Contribution:
         """The `diag/` signature keys and the tables the findings read."""
-        self._resolve()
         table = self.table()
         metrics = {DIAG_PREFIX + k: finite_or_none(v) for k, v in values(table).items()}
         return Contribution(metrics=metrics, signatures=table)
 
     def table(self) -> dict[str, Any]:
-        """Every sum as Python numbers: buckets, fills, moments, shift residuals, the worst token."""
+        """Every sum as Python numbers: buckets, fills, moments, shift residuals, the two placed tokens."""
         s = self.state
         sums = self.buckets.cpu().numpy()
-        # Only the occupied octaves, in ascending |delta|.
-        buckets = [{"low": bucket_low(i), "high": bucket_high(i), "tokens": int(sums[0, i]),
-                    "chi2_terms": float(sums[1, i]), "ratio_sum": float(sums[2, i]), "exp_abs_sum": float(sums[3, i])}
-                   for i in np.flatnonzero(sums[0]).tolist()]
+        # Only the occupied octaves, in ascending |delta|; in one octave delta < 0 (sign -1) before delta >= 0.
+        occupied = sorted(np.flatnonzero(sums[0]).tolist(), key=lambda i: (i % NUM_BUCKETS, -i))
+        buckets = [{"low": bucket_low(i % NUM_BUCKETS), "high": bucket_high(i % NUM_BUCKETS),
+                    "sign": -1 if i >= NUM_BUCKETS else 1, "tokens": int(sums[0, i]), "chi2_terms": float(sums[1, i]),
+                    "ratio_sum": float(sums[2, i]), "exp_abs_sum": float(sums[3, i])} for i in occupied]
         keys = ("tokens", "k3", "k1", "ratio_excess", "ratio_excess_sq", "bitwise_equal", "x", "y", "xx", "yy", "xy",
                 "pairs", "shift_aligned",
                 "shift_forward", "shift_backward", *(f"{kind}_{side}" for kind in ("zero", "repeat", "fill")
@@ -296,7 +250,7 @@ class SignaturesAccumulator(Accumulator):
         out["buckets"] = buckets
         slopes = self.tail_slopes.cpu().numpy()
         out["tail_slopes"] = [[int(i), int(slopes[i])] for i in np.flatnonzero(slopes).tolist()]
-        out["worst_token"] = dict(self.worst) if self.worst is not None else None
+        out.update(self.tokens.compute())
         return out
 
 
@@ -349,29 +303,5 @@ def ratio_mean_test(table: dict[str, Any]) -> tuple[float, float]:
     return 1.0 + excess, math.sqrt(variance / n)
 
 
-def _place(meta: dict[str, Any], token: int) -> dict[str, Any]:
-    """File, row, position within the row, round, step and id of a chunk's `token`-th valid token (host)."""
-    if meta["lengths"] is not None:
-        lengths = meta["lengths"].cpu().numpy()
-        ends = np.cumsum(lengths)
-        row = int(np.searchsorted(ends, token, side="right"))
-        position, round_index = token - int(ends[row] - lengths[row]), None
-    else:
-        # Device tensors of the chunk's layout: read here, at a resolve (already a host sync), never per chunk.
-        offsets, valid, starts = meta["offsets"], meta["valid"].cpu().numpy(), meta["starts"].cpu().numpy()
-        kept_before = np.concatenate(([0], np.cumsum(valid, dtype=np.int64)))
-        row = int(np.searchsorted(kept_before[offsets], token, side="right")) - 1
-        start, stop = int(offsets[row]), int(offsets[row + 1])
-        within = token - int(kept_before[start])
-        position = int(np.flatnonzero(valid[start:stop])[within])
-        round_index = int(starts[start:start + position + 1].sum()) - 1
-    entry: dict[str, Any] = {"file": meta["file"], "row": meta["first_row"] + row, "position": position,
-                             "round": round_index, "step": None if meta["steps"] is None else int(meta["steps"][row])}
-    if meta["ids"] is not None:
-        value = meta["ids"][row]
-        entry["id"] = value.item() if isinstance(value, np.generic) else value
-    return entry
-
-
-__all__ = ["FILL_LOG_RATIO", "NUM_BUCKETS", "SignaturesAccumulator", "bucket_high", "bucket_low", "octaves",
+__all__ = ["FILL_LOG_RATIO", "NUM_BUCKETS", "SignaturesAccumulator", "bucket_high", "bucket_low", "signed_octaves",
            "values"]

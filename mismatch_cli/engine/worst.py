@@ -1,4 +1,4 @@
-"""The worst sequences of a dump: a mergeable top-k by |mean delta| and by max |delta| per row.
+"""The worst sequences of a dump: a mergeable top-k by |mean delta|, by max |delta| and by max delta per row.
 
 Each chunk contributes at most k candidates per criterion (picked with one vectorized sort over
 its rows); merging concatenates candidate lists and keeps the k best. Ties are broken by (file,
@@ -7,6 +7,7 @@ row), so the result does not depend on how the dump was chunked.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,8 @@ TOP_K = 10
 CRITERIA = {
     "abs_mean_log_ratio": "|mean delta| over the row's valid tokens",
     "max_abs_log_ratio": "largest |delta| of any valid token in the row",
+    # ratio^2 = exp(2 delta): the rows that hold chi2_token's and the IS weights' largest terms
+    "max_log_ratio": "largest delta = old - rollout of any valid token in the row",
 }
 
 
@@ -42,7 +45,7 @@ def _order(entry: dict[str, Any], criterion: str) -> tuple[float, str, int]:
 
 
 class WorstSequences(Accumulator):
-    """Top-k rows by |mean delta| and by max |delta|, with file, row, id, step and token count."""
+    """Top-k rows by |mean delta|, max |delta| and max delta, with file, row, id, step and token count."""
 
     def __init__(self, k: int = TOP_K) -> None:
         self.k = k
@@ -56,11 +59,15 @@ class WorstSequences(Accumulator):
             return
         tokens = chunk.row_tokens
         mean = chunk.log_ratio_row_sum / tokens.clamp_min(1.0)
-        scores = torch.stack([mean.abs(), row_max(chunk.abs_log_ratio, chunk.lengths)])
-        scores = torch.where(chunk.row_valid, scores, -1.0)  # scores are >= 0: an empty row is never picked
+        scores = torch.stack([mean.abs(), row_max(chunk.abs_log_ratio, chunk.lengths),
+                              row_max(chunk.log_ratio, chunk.lengths)])
+        # The first two scores are >= 0 and the third finite: an empty row is never picked (nor kept, below).
+        scores = torch.where(chunk.row_valid, scores, torch.tensor([[-1.0], [-1.0], [-math.inf]], dtype=F64,
+                                                                   device=scores.device))
         # Stable: among equal scores the earlier row (lower row number) wins, as in the merge.
         picked = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, : self.k].flatten()
-        payload = torch.stack([picked.to(F64), scores[0, picked], scores[1, picked], mean[picked], tokens[picked]])
+        payload = torch.stack([picked.to(F64), scores[0, picked], scores[1, picked], mean[picked], tokens[picked],
+                               scores[2, picked]])
         event = None
         if payload.device.type == "cuda":
             payload = payload.to("cpu", non_blocking=True)  # into pinned memory, without waiting
@@ -93,6 +100,7 @@ class WorstSequences(Accumulator):
                     "log_ratio_mean": float(columns[3, i]),
                     "abs_mean_log_ratio": float(columns[1, i]),
                     "max_abs_log_ratio": float(columns[2, i]),
+                    "max_log_ratio": float(columns[5, i]),
                 })
             self._fold(candidates)
 
@@ -114,7 +122,7 @@ class WorstSequences(Accumulator):
             self.best[criterion] = sorted(pool, key=lambda e, c=criterion: _order(e, c))[: self.k]
 
     def compute(self) -> Contribution:
-        """One entry per (criterion, rank): the row's identity and both scores."""
+        """One entry per (criterion, rank): the row's identity and every score."""
         self._drain()
         out = []
         for criterion in CRITERIA:

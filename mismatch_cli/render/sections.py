@@ -290,10 +290,10 @@ WORST_SHOWN = 5
 
 
 def worst_sequences_section(report: Report) -> Section | None:
-    """The rows with the largest |mean d| and max |d|."""
+    """The rows with the largest |mean d|, max |d| and max d."""
     if not report.worst_sequences:
         return None
-    labels = {"abs_mean_log_ratio": "|mean d|", "max_abs_log_ratio": "max |d|"}
+    labels = {"abs_mean_log_ratio": "|mean d|", "max_abs_log_ratio": "max |d|", "max_log_ratio": "max d"}
     shown = [e for e in report.worst_sequences if e["rank"] <= WORST_SHOWN]
     with_id = any(e.get("id") is not None for e in shown)
     with_step = any(e.get("step") is not None for e in shown)

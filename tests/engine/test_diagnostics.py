@@ -231,8 +231,9 @@ def test_worst_sequences_against_a_plain_loop() -> None:
     for i in range(45):
         deltas = [old[i, t] - rollout[i, t] for t in range(old.shape[1]) if mask[i, t] > 0]
         if deltas:
-            scores.append((i, abs(sum(deltas) / len(deltas)), max(abs(d) for d in deltas), len(deltas)))
-    for criterion, column in (("abs_mean_log_ratio", 1), ("max_abs_log_ratio", 2)):
+            scores.append((i, abs(sum(deltas) / len(deltas)), max(abs(d) for d in deltas), len(deltas),
+                           max(deltas)))
+    for criterion, column in (("abs_mean_log_ratio", 1), ("max_abs_log_ratio", 2), ("max_log_ratio", 4)):
         expected = sorted(scores, key=lambda s, c=column: (-s[c], s[0]))[:10]
         got = [w for w in worst if w["criterion"] == criterion]
         assert [w["rank"] for w in got] == list(range(1, 11))

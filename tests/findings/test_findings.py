@@ -183,15 +183,16 @@ def test_multi_turn_sample_names_its_catastrophic_token() -> None:
     old, rollout, mask = rows_of(SAMPLES / "multi_turn.parquet")
     d = np.concatenate([(o.astype(np.float64) - r)[m > 0] for o, r, m in zip(old, rollout, mask, strict=True)])
     excess = np.exp(np.clip(d, -20, 20)) ** 2 - 1
-    edge = evidence["abs_log_ratio_at_least"]
-    top = np.abs(d) >= edge
+    edge = evidence["log_ratio_at_least"]
+    top = d >= edge  # only d > 0 adds to the chi2 excess
     assert evidence["tokens"] == int(top.sum()) and evidence["tokens"] <= 0.01 * d.size
     assert evidence["chi2_share"] == pytest.approx(excess[top].sum() / excess.sum(), rel=1e-6)
     assert evidence["chi2_share"] >= 0.9
     assert evidence["chi2_token"] == pytest.approx(report.metrics["rollout_corr/chi2_token"], rel=1e-6)
     worst_row = int(np.argmax([np.abs((o.astype(np.float64) - r)[m > 0]).max() for o, r, m in
                                zip(old, rollout, mask, strict=True)]))
-    worst = evidence["worst_token"]
+    worst = evidence["token"]  # here the largest |d| is also the largest d
+    assert worst == evidence["worst_token"] and worst["log_ratio"] > 0
     assert worst["row"] == worst_row
     assert abs(float(old[worst_row][worst["position"]]) - rollout[worst_row][worst["position"]]) == pytest.approx(
         np.abs(d).max(), rel=1e-6)

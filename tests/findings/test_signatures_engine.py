@@ -15,6 +15,7 @@ from mismatch_cli.engine.chunk import make_chunk
 from mismatch_cli.engine.protocol import ChunkDecisions
 from mismatch_cli.engine.runner import run
 from mismatch_cli.engine.signatures import SignaturesAccumulator
+from mismatch_cli.engine.worst_token import WorstTokens
 
 SIGNATURE_KEYS = ("bitwise_equal_fraction", "temperature_slope", "best_fit_temperature", "shift_residual_ratio",
                   "constant_fill_fraction_old", "constant_fill_fraction_rollout", "k3_k1_ratio")
@@ -68,18 +69,20 @@ def reference(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray) -> dict:
     x, y = np.concatenate(xs), np.concatenate(ys)
     d = x - y
     n = x.size
-    # Octave of |d|: 2^(e - 127) <= |d| < 2^(e - 126), as float32's exponent field; 0 holds zeros.
+    # Octave of |d|: 2^(e - 127) <= |d| < 2^(e - 126), as float32's exponent field; 0 holds zeros; d < 0 in
+    # buckets 256 + e.
     mantissa_exponent = np.frexp(np.abs(d))[1]
-    bucket = np.where(np.abs(d) == 0, 0, np.clip(mantissa_exponent + 126, 0, 255))
+    bucket = np.where(np.abs(d) == 0, 0, np.clip(mantissa_exponent + 126, 0, 255)) + 256 * (d < 0)
     ratio = np.exp(np.clip(d, -20, 20))
     chi2_terms = ratio**2
     k3 = np.exp(d) - d - 1
     slope = np.cov(x, y, bias=True)[0, 1] / np.var(x)
     return {
         "tokens": n,
-        "bucket_tokens": np.bincount(bucket, minlength=256),
-        "bucket_chi2": np.bincount(bucket, weights=chi2_terms, minlength=256),
-        "bucket_ratio": np.bincount(bucket, weights=ratio, minlength=256),
+        "bucket_tokens": np.bincount(bucket, minlength=512),
+        "bucket_chi2": np.bincount(bucket, weights=chi2_terms, minlength=512),
+        "bucket_ratio": np.bincount(bucket, weights=ratio, minlength=512),
+        "bucket_exp_abs": np.bincount(bucket, weights=np.exp(np.abs(d)), minlength=512),
         "k3": k3.sum(), "k1": (-d).sum(),
         "pairs": pairs,
         **fills,
@@ -93,6 +96,7 @@ def reference(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray) -> dict:
             "k3_k1_ratio": k3.sum() / (-d).sum(),
         },
         "worst": int(np.argmax(np.abs(d))),
+        "largest": int(np.argmax(d)),
         "x": x, "y": y,
     }
 
@@ -114,12 +118,15 @@ def test_signatures_match_float64_numpy(seed: int) -> None:
     metrics, table = analyze([batch_from_padded(old, rollout, mask)])
     assert table["tokens"] == ref["tokens"]
     buckets = table["buckets"]
-    occupied = np.flatnonzero(ref["bucket_tokens"])
+    # Ascending |d|, and in one octave d < 0 before d >= 0.
+    occupied = sorted(np.flatnonzero(ref["bucket_tokens"]).tolist(), key=lambda i: (i % 256, -i))
     assert [b["tokens"] for b in buckets] == ref["bucket_tokens"][occupied].tolist()
-    assert [b["low"] for b in buckets] == [0.0 if e == 0 else 2.0 ** (e - 127) for e in occupied.tolist()]
+    assert [(b["low"], b["sign"]) for b in buckets] == [(0.0 if i % 256 == 0 else 2.0 ** (i % 256 - 127),
+                                                         -1 if i >= 256 else 1) for i in occupied]
+    assert len({b["low"] for b in buckets}) < len(buckets)  # some octaves hold both signs, in two buckets
     for bucket in buckets:  # every token lies in its octave
         assert bucket["high"] == 2 * bucket["low"] or (bucket["low"] == 0 and bucket["high"] == 2.0**-126)
-    for name, key in (("chi2_terms", "bucket_chi2"), ("ratio_sum", "bucket_ratio")):
+    for name, key in (("chi2_terms", "bucket_chi2"), ("ratio_sum", "bucket_ratio"), ("exp_abs_sum", "bucket_exp_abs")):
         np.testing.assert_allclose([b[name] for b in buckets], ref[key][occupied], rtol=1e-12, atol=1e-12)
     assert table["k3"] == pytest.approx(ref["k3"], rel=1e-12) and table["k1"] == pytest.approx(ref["k1"], rel=1e-12)
     assert table["pairs"] == ref["pairs"]
@@ -135,6 +142,12 @@ def test_signatures_match_float64_numpy(seed: int) -> None:
     assert rollout[worst["row"], worst["position"]] == pytest.approx(worst["rollout_log_prob"], rel=1e-15)
     row_mask = mask[worst["row"], : worst["position"] + 1] > 0
     assert worst["round"] == int((row_mask & ~np.concatenate(([False], row_mask[:-1]))).sum()) - 1
+    # The largest d = old - rollout (what chi2_token's largest term comes from), placed the same way.
+    largest = table["max_log_ratio_token"]
+    d = ref["x"] - ref["y"]
+    assert largest["log_ratio"] == pytest.approx(d[ref["largest"]], rel=1e-15) and largest["log_ratio"] > 0
+    assert old[largest["row"], largest["position"]] == pytest.approx(largest["old_log_prob"], rel=1e-15)
+    assert rollout[largest["row"], largest["position"]] == pytest.approx(largest["rollout_log_prob"], rel=1e-15)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -152,6 +165,7 @@ def test_one_row_per_chunk_gives_the_same_signatures(dtype: str) -> None:
         for name in ("chi2_terms", "ratio_sum"):
             assert b[name] == pytest.approx(a[name], rel=1e-9, abs=1e-12)
     assert one.signatures["worst_token"] == many.signatures["worst_token"]
+    assert one.signatures["max_log_ratio_token"] == many.signatures["max_log_ratio_token"]
 
 
 def test_merging_shards_equals_one_pass() -> None:
@@ -169,6 +183,7 @@ def test_merging_shards_equals_one_pass() -> None:
         assert b.metrics[key] == (None if value is None else pytest.approx(value, rel=1e-9, abs=1e-15)), key
     assert a.signatures["tail_slopes"] == b.signatures["tail_slopes"]
     assert a.signatures["worst_token"] == b.signatures["worst_token"]
+    assert a.signatures["max_log_ratio_token"] == b.signatures["max_log_ratio_token"]
 
 
 def test_shift_pairs_never_cross_a_row() -> None:
@@ -192,11 +207,13 @@ def test_torch_kernels_give_the_numpy_kernels_sums(monkeypatch: pytest.MonkeyPat
     for chunk in chunks:
         host.update(chunk, ChunkDecisions())
     monkeypatch.setattr(SignaturesAccumulator, "_host_sums", SignaturesAccumulator._device_sums)
+    monkeypatch.setattr(WorstTokens, "_host_picks", staticmethod(WorstTokens._device_picks))
     torch_path = SignaturesAccumulator(device)
     for chunk in chunks:
         torch_path.update(chunk, ChunkDecisions())
     a, b = host.table(), torch_path.table()
     assert a["zero_old"] + a["repeat_rollout"] + a["fill_old"] > 0  # the dump exercises the fills
+    assert a["worst_token"]["log_ratio"] < 0 < a["max_log_ratio_token"]["log_ratio"]  # two different tokens
     for key, value in a.items():
         if isinstance(value, float):
             assert b[key] == pytest.approx(value, rel=1e-12, abs=1e-15), key
