@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mismatch_cli.correction import PRESETS, PRESETS_071, older_presets
-from mismatch_cli.health import IS_ESS, RAW_ESS, after_what_if, summarize
+from mismatch_cli.health import IS_ESS, RAW_ESS, after_what_if, applies_correction, summarize
 
 # The what-if families each trainer family can run with exactly the ladder's rule (docs/report.md).
 SUPPORTED: dict[str, tuple[str, ...]] = {
@@ -202,6 +202,18 @@ def recommend(metrics: Mapping[str, float | None], config: Mapping[str, Any],
                       "themselves, and only a fix at the source closes it")
         if after is not None and after["status"] == "warning":
             reason += f" (the run's own correction is out of band: {_failing(after)})"
+        if applies_correction(config):
+            # The run pays for a correction the raw ratios do not need: say so, and name the lightest that passes.
+            reason = reason.replace("no correction is needed", "the run's correction is not needed")
+            supported = SUPPORTED.get(family, ())
+            rows = sorted((r for r in what_if if r.get("family") in supported), key=invasiveness)
+            passing = [(invasiveness(r)[:4], o) for r in rows
+                       if _passes((o := _option(r, family, config))["health_after"])]
+            if passing:  # among equally light settings, one a preset names (as below)
+                lighter = next((o for key, o in passing if key == passing[0][0] and o["preset"]), passing[0][1])
+                preset = f" (= --preset {lighter['preset']})" if lighter["preset"] else ""
+                reason += f"; if you keep one, {lighter['flags']}{preset} is the lightest in band: it " \
+                          f"{_describe(lighter, metrics)}"
         return {**base, "health_after": after, "reason": reason}
     if after is not None and after["checks"] and after["status"] == "healthy":
         return {**base, "health_after": after,

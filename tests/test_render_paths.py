@@ -1,17 +1,23 @@
 """Input paths on the terminal: relative under the working folder, else shortened in the middle to the width,
-the file name always whole; JSON keeps the path as given. A deliberately deep path at 60, 80 and 120 columns."""
+the file name whole (only a table column too narrow for it cuts its middle, never a number beside it); JSON keeps
+the path as given. A deliberately deep path at 60, 80 and 120 columns."""
 
 from __future__ import annotations
 
+import io
 import json
+import math
 import shutil
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from mismatch_cli.cli import app
-from mismatch_cli.render.paths import ELLIPSIS, display_path, paths_in_text
+from mismatch_cli.render.paths import ELLIPSIS, display_path, fit_path, paths_in_text
+from mismatch_cli.render.table import render_tables
+from mismatch_cli.report import Report
 
 ROOT = Path(__file__).resolve().parents[1]
 DEEP = "/mnt/data/team/experiments/2026-11/run-abc123/dumps/step_00012.parquet"
@@ -111,3 +117,89 @@ def test_a_deep_path_under_the_working_folder_is_relative(deep_dump: Path, monke
     assert code == 0 and json.loads(text)["inputs"][0]["path"] == str(deep_dump)  # JSON: whole, as given
     code, markdown = _run(["analyze", str(deep_dump), "--format", "markdown"], 80)
     assert code == 0 and "| dumps/step_00012.parquet |" in markdown
+
+
+LONG_NAME = "rollout_dump_global_step_000123_rank_00_of_08_with_a_long_descriptive_name.parquet"
+
+
+@pytest.fixture(scope="module")
+def long_named_report(tmp_path_factory: pytest.TempPathFactory) -> Report:
+    """The single-turn sample with NaN and positive log-probs injected (so the Data quality table shows), under a
+    deep folder and a file name longer than a 60-column table leaves for it; analysed, then read back as JSON."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path_factory.mktemp("long")
+    for part in ("mnt", "data", "team", "experiments", "run-abc123-" + "x" * 40, "dumps"):
+        folder = folder / part
+    folder.mkdir(parents=True)
+    path = folder / LONG_NAME
+    assert len(str(path)) > 120
+    table = pq.read_table(ROOT / "sample_data" / "single_turn.parquet")
+    rollout = [np.asarray(row, np.float32) for row in table["rollout_log_probs"].to_pylist()]
+    rollout[1][0], rollout[6][2], rollout[9][1] = np.nan, np.inf, 0.5
+    column = pa.array([row.tolist() for row in rollout], pa.list_(pa.float32()))
+    pq.write_table(table.set_column(table.schema.get_field_index("rollout_log_probs"), "rollout_log_probs", column),
+                   path)
+    out = folder / "report.json"
+    result = CliRunner(env={"MISMATCH_DEBUG": None}).invoke(
+        app, ["analyze", str(path), "--device", "cpu", "--bootstrap", "0", "--format", "json", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    return Report.load(out)
+
+
+def _number(cell: str) -> float:
+    return float(cell.replace(",", "").rstrip("%"))
+
+
+def _table(lines: list[str], title: str) -> list[str]:
+    """The lines of table `title` and of its `(continued)` blocks, each up to the blank line after it."""
+    out, inside = [], False
+    for line in lines:
+        if line in (title, f"{title} (continued)"):
+            inside = True
+        elif not line.strip():
+            inside = False
+        elif inside:
+            out.append(line)
+    return out
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_no_table_cuts_a_number_beside_a_long_path(long_named_report: Report, width: int) -> None:
+    report = long_named_report
+    buffer = io.StringIO()
+    render_tables(report, Console(file=buffer, width=width, color_system=None, highlight=False))
+    lines = buffer.getvalue().splitlines()
+    assert max(map(len, lines)) <= width
+    item = report.inputs[0]
+    # Inputs: the path cell is one word; after it, format, sequences and valid tokens as the JSON records them.
+    inputs = [line.split() for line in _table(lines, "Inputs") if line.split()[0].endswith(".parquet")]
+    assert inputs and all(len(cells) == 4 for cells in inputs), inputs
+    assert [cells[1] for cells in inputs] == [item.format] * len(inputs)
+    assert [(int(_number(c[2])), int(_number(c[3]))) for c in inputs] == [(item.sequences, item.tokens)]
+    # Data quality: the four counts of the file, whole.
+    counts = report.data_quality["files"][item.path]
+    assert counts["nonfinite_tokens"] >= 1 and counts["positive_logprob_tokens"] >= 1
+    quality = [line.split() for line in _table(lines, "Data quality") if line.split()[0].endswith(".parquet")]
+    assert [[int(_number(c)) for c in cells[1:]] for cells in quality] == [[
+        counts[n] for n in ("nonfinite_tokens", "sentinel_tokens", "positive_logprob_tokens", "one_side_zero_tokens")]]
+    # Worst sequences: every number of every shown rank, gathered over the blocks, equals the JSON's value.
+    for entry in (e for e in report.worst_sequences if e["rank"] <= 5):
+        label = {"abs_mean_log_ratio": "|mean d|", "max_abs_log_ratio": "max |d|"}[entry["criterion"]]
+        name = f"{label} #{entry['rank']} "
+        found = [line[len(name):].split() for line in _table(lines, "Worst sequences") if line.startswith(name)]
+        assert found and all(cells[0].endswith(f":{entry['row']}") for cells in found), found
+        numbers = [_number(c) for cells in found for c in cells[1:]]
+        for value in (entry["tokens"], entry["log_ratio_mean"], entry["max_abs_log_ratio"]):
+            assert any(math.isclose(n, value, rel_tol=1e-3, abs_tol=1e-12) for n in numbers), (label, value, numbers)
+
+
+def test_a_table_cuts_a_long_file_name_in_its_middle(monkeypatch, tmp_path) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert fit_path(DEEP, 80) == display_path(DEEP, 80)  # the name fits: the display rule alone
+    for width in range(16, 40):
+        shown = fit_path(f"/mnt/{LONG_NAME}:136", width)
+        assert len(shown) == width and shown.endswith(".parquet:136") and ELLIPSIS in shown, (width, shown)
+        assert fit_path(f"{LONG_NAME}:7", width).startswith("r")

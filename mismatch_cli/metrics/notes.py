@@ -6,7 +6,9 @@ sample's mean ratio is below 1; k3 = exp(d) − d − 1 is ≥ 0 for every token
 rounding of near-equal log-probs; k1 estimates KL(rollout || train) ≥ 0, so a negative k1 is sampling
 noise (or a rollout side that is not the distribution it sampled from); an interval that holds 0 cannot
 tell the value from no mismatch at all; a mean probability difference between verl's "normal" 0.005 and its
-"problem" 0.01 is in band but worth watching.
+"problem" 0.01 is in band but worth watching. A sequence-level quantity (χ²_seq, the rows' ESS) is
+exp(2·Σ log-ratio) over a whole row, so a few long rows dominate it: outside the band of its token-level
+sibling it still decides nothing unless the correction is sequence-level (then the rows' ESS is checked).
 """
 
 from __future__ import annotations
@@ -15,10 +17,14 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mismatch_cli.metrics import lookup
+
 RATIO_MEAN = "diag/ratio_mean"
 NOISE_Z = 5.0  # as the health check of the ratio mean: closer to 1 than this many standard errors is noise
 PROB_DIFF_NORMAL, PROB_DIFF_PROBLEM = 0.005, 0.01  # verl docs/faq/faq.rst on rollout_probs_diff_mean
 KL_NOISE = 0.1  # verl's KL band: a k1 further below 0 than this is no longer noise around 0
+# A row-level quantity and the token-level key whose band it is read against when it looks out of band.
+SEQUENCE_SIBLINGS = {"chi2_seq": "rollout_corr/chi2_token", "ess_seq_kish": "diag/ess_token"}
 
 
 def _ratio_off(metrics: Mapping[str, Any]) -> bool | None:
@@ -29,11 +35,17 @@ def _ratio_off(metrics: Mapping[str, Any]) -> bool | None:
     return (1.0 - mean) / error >= NOISE_Z and 1.0 - mean >= 0.01
 
 
-def explain(key: str, value: Any, metrics: Mapping[str, Any], interval: Sequence[float] | None = None) -> str | None:
-    """One short line on what a negative, below-1 or 0-straddling value of `key` means, or None."""
+def explain(key: str, value: Any, metrics: Mapping[str, Any], interval: Sequence[float] | None = None,
+            sequence_level: bool | None = None) -> str | None:
+    """One short line on what a negative, below-1 or 0-straddling value of `key` means, or on why a row-level
+    value out of its token sibling's band does not decide a verdict that is not `sequence_level`; or None."""
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
         return None
     name = key.split("/")[-1]
+    sibling = lookup(SEQUENCE_SIBLINGS[name]) if name in SEQUENCE_SIBLINGS else None
+    if sequence_level is False and sibling is not None and sibling.band is not None and \
+            not sibling.band.healthy(value):
+        return "few long rows dominate it; checked only for a sequence-level correction"
     off = _ratio_off(metrics)
     if name in ("chi2_token", "chi2_seq") and value < 0:
         if off:

@@ -17,10 +17,12 @@ from mismatch_cli.render.lead import (
     NO_BUG,
     KeyMetric,
     Line,
+    applied_cost,
     bug_signatures,
     causes,
     drift_lines,
     findings_of,
+    glossary,
     key_metrics,
     verdict,
     what_to_do,
@@ -103,7 +105,7 @@ def _findings(title: str, findings: list[Mapping[str, Any]], empty: str | None, 
 
 def _what_to_do(report: Report) -> str:
     recommendation = getattr(report, "recommendation", None)
-    lines = what_to_do(recommendation, report.summary.get("diagnosis") or {})
+    lines = what_to_do(recommendation, report.summary.get("diagnosis") or {}, applied_cost(report))
     if not lines and not recommendation:
         return ""
     return f"<h2>What to do</h2>{_items(lines)}"
@@ -149,6 +151,9 @@ def render_lead(report: Report) -> str:
         _drift(report),
         _key_metrics(report),
     ]
+    terms = glossary("\n".join(parts))
+    if terms:
+        parts.append(f'<p class="answer"><strong>Terms</strong>: {escape(terms)}</p>')
     if report.warnings:
         items = "".join(f"<li>{escape(w)}</li>" for w in report.warnings)
         parts.append(f'<div class="warnings"><strong>Warnings ({len(report.warnings)})</strong><ul>{items}</ul></div>')

@@ -7,6 +7,7 @@ bold, colour). Nothing here knows a width, a colour or a tag.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,19 @@ CAUSE = "concentrated_divergence"
 NO_BUG = "none found (fill, shift, temperature, processed log-probs, identical sides)"
 NO_DRIFT = "no metric trends, shifts or leaves its band over the steps"
 BAD, GOOD = "bad", "good"
+SEQ_ESS = "diag/ess_seq_kish"  # health checks it before a correction only when the correction is sequence-level
+RS_MASKED, RS_SEQ_MASKED = "rollout_corr/rollout_rs_masked_fraction", "rollout_corr/rollout_rs_seq_masked_fraction"
+TIS_HIGH, SEQ_TIS_HIGH = "rollout_corr/rollout_is_ratio_fraction_high", "rollout_corr/rollout_is_seq_fraction_high"
+# The abbreviations of the first screen, spelled out once below it (only those it shows), and in report.html
+# and Markdown: (term, its spellings as a word, meaning); `ESS` is found in `IS ESS`, `IS` not in `TIS`.
+GLOSSARY = (
+    ("TIS", ("TIS",), "truncated importance sampling"),
+    ("IS", ("IS",), "importance sampling"),
+    ("RS", ("RS",), "rejection sampling"),
+    ("ESS", ("ESS", "ess"), "effective sample size"),
+    ("k1, k3", ("k1", "k3"), "KL estimators"),
+    ("χ²", ("χ²", "chi2", "chi-squared"), "chi-squared divergence"),
+)
 
 
 @dataclass(frozen=True)
@@ -120,7 +134,7 @@ def verdict(report: Report) -> Verdict:
         tone = BAD if failing else GOOD
     lines = []
     for check in checks:
-        note = explain(check["metric"], check["value"], report.metrics)
+        note = explain(check["metric"], check["value"], report.metrics, sequence_level=sequence_level(report))
         if check.get("few_tokens"):
             note = f"out through {check['few_tokens']} tokens only (see Why): a correction's job, not precision"
         text = f"{check_mark(check)} {check['label']}: {format_value(check['value'])} " \
@@ -158,6 +172,8 @@ def cost_text(cost: Mapping[str, Any]) -> str:
     parts = []
     if cost.get("truncated_token_fraction"):
         parts.append(f"truncates {percent(cost['truncated_token_fraction'])} of tokens")
+    if cost.get("truncated_sequence_fraction"):
+        parts.append(f"truncates {percent(cost['truncated_sequence_fraction'])} of sequences")
     parts.append(f"drops {percent(cost.get('masked_token_fraction') or 0.0)} of tokens and "
                  f"{percent(cost.get('masked_sequence_fraction') or 0.0)} of sequences")
     if cost.get("ess") is not None:
@@ -169,9 +185,40 @@ def _named(lead: str, text: str, tone: str = "") -> Line:
     return Line(f"{lead}: {text}", tone, lead)
 
 
-def what_to_do(recommendation: Mapping[str, Any] | None, diagnosis: Mapping[str, Any]) -> list[Line]:
+def sequence_level(report: Report) -> bool:
+    """Whether the verdict is judged for a sequence-level correction (the run's or the recommended one): then
+    health checks the raw rows' ESS (docs/report.md, "The health summary")."""
+    before = report.summary.get("before") or {}
+    return any(c.get("metric") == SEQ_ESS for c in before.get("checks", []))
+
+
+def applied_cost(report: Report) -> dict[str, Any] | None:
+    """What the run's own correction truncates and drops, from its RS / IS keys (cost_text's fields), or None
+    when it applies none."""
+    metrics, config = report.metrics, report.config
+    if config.get("rollout_is") is None and config.get("rollout_rs") is None:
+        return None
+    cost: dict[str, Any] = {"masked_token_fraction": metrics.get(RS_MASKED),
+                            "masked_sequence_fraction": metrics.get(RS_SEQ_MASKED)}
+    if config.get("rollout_is") == "token":  # TIS caps a token's weight at the threshold: its gradient stays
+        cost["truncated_token_fraction"] = metrics.get(TIS_HIGH)
+    elif config.get("rollout_is") is not None:
+        cost["truncated_sequence_fraction"] = metrics.get(SEQ_TIS_HIGH)
+    return cost if any(v is not None for v in cost.values()) else None
+
+
+def what_to_do(recommendation: Mapping[str, Any] | None, diagnosis: Mapping[str, Any],
+               applied: Mapping[str, Any] | None = None) -> list[Line]:
     """A bug's fix first (and no correction), or a precision fix at the source, then the correction: its
-    flags, cost, health after and alternatives (docs/report.md, "The summary")."""
+    flags, cost, health after and alternatives (docs/report.md, "The summary"). When nothing new is
+    recommended and the run applies a correction, `applied` (`applied_cost`) says what that one costs."""
+    lines = _what_to_do(recommendation, diagnosis)
+    if applied and recommendation and not recommendation.get("scenario") and diagnosis.get("kind") != "bug":
+        lines.insert(0, _named("your correction costs", cost_text(applied)))
+    return lines
+
+
+def _what_to_do(recommendation: Mapping[str, Any] | None, diagnosis: Mapping[str, Any]) -> list[Line]:
     fix = (recommendation or {}).get("fix") or ({"text": diagnosis["fix"]} if diagnosis.get("fix") else None)
     if not recommendation and not fix:
         return []
@@ -245,10 +292,17 @@ def key_metrics(report: Report) -> tuple[str, list[KeyMetric]]:
         interval = report.intervals.get(key)
         rows.append(KeyMetric(key, key.split("/")[-1], format_value(report.metrics[key]),
                               (format_value(interval[0]), format_value(interval[1])) if interval else None,
-                              explain(key, report.metrics[key], report.metrics, interval)))
+                              explain(key, report.metrics[key], report.metrics, interval, sequence_level(report))))
     return ("Key metrics (95 % bootstrap interval)" if intervals else "Key metrics"), rows
 
 
-__all__ = ["KEY_METRICS", "NO_BUG", "KeyMetric", "Line", "Verdict", "bug_signatures", "causes", "check_mark",
-           "correction_text", "cost_text", "drift_lines", "findings_of", "inputs_text", "key_metrics", "verdict",
-           "what_to_do"]
+def glossary(text: str) -> str | None:
+    """`TERM = meaning` for each abbreviation of GLOSSARY that `text` uses (as a word), or None."""
+    used = [f"{term} = {meaning}" for term, spellings, meaning in GLOSSARY
+            if any(re.search(rf"(?<![A-Za-z0-9-]){re.escape(word)}(?![A-Za-z0-9-])", text) for word in spellings)]
+    return "; ".join(used) or None
+
+
+__all__ = ["GLOSSARY", "KEY_METRICS", "NO_BUG", "KeyMetric", "Line", "Verdict", "applied_cost", "bug_signatures",
+           "causes", "check_mark", "correction_text", "cost_text", "drift_lines", "findings_of", "glossary",
+           "inputs_text", "key_metrics", "sequence_level", "verdict", "what_to_do"]

@@ -3,7 +3,10 @@
 Rule: a local path under the current working folder is shown relative to it; any other path as it was given
 (absolute, `../…`, an `s3://` or `gs://` URI). When that is longer than the room it has, the middle folders
 give way to `…`, keeping the first folders and those nearest the file: `/mnt/data/…/dumps/step_00012.parquet`.
-The file name is never cut. JSON, CSV, HTML and JUnit keep every path whole, as the report records it.
+The file name is never cut by `display_path`. A table column (`fit_path`) is the one exception: its numbers
+come first, so when even `…/NAME` is wider than the column, the name's middle gives way too, keeping its
+start and its end (the extension, a `:row` after it). JSON, CSV, HTML and JUnit keep every path whole, as the
+report records it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,20 @@ def display_path(path: str, width: int | None = None) -> str:
             return _joined(parts, head, tail) + trail
         prefer_tail = fitting[0][1] == tail  # the head grew: the tail's turn next
         head, tail = fitting[0]
+
+
+def fit_path(path: str, width: int) -> str:
+    """`path` in a table column `width` wide: `display_path`, then, if the file name alone is wider, its middle
+    cut to `…`, keeping its start and its extension (and a `:row` after it)."""
+    shown = display_path(path, width)
+    if len(shown) <= width or width < 3:
+        return shown
+    shown = shown.removeprefix(ELLIPSIS + "/")  # one `…` says that something is left out
+    room = width - 1
+    dot = shown.rfind(".")
+    suffix = len(shown) - dot if dot > shown.rfind("/") else 0
+    tail = min(max(room // 2, suffix), room - 1)  # keep at least one leading character
+    return shown[: room - tail] + ELLIPSIS + shown[len(shown) - tail:]
 
 
 def paths_in_text(text: str, paths: Iterable[str], width: int | None = None) -> str:
@@ -70,4 +87,4 @@ def _joined(parts: list[str], head: int, tail: int) -> str:
     return "/".join([*parts[:head], ELLIPSIS, *parts[len(parts) - tail:]])
 
 
-__all__ = ["ELLIPSIS", "display_path", "paths_in_text"]
+__all__ = ["ELLIPSIS", "display_path", "fit_path", "paths_in_text"]

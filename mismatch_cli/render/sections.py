@@ -11,7 +11,9 @@ from mismatch_cli.report import Report
 
 VERL = "rollout_corr/"
 TEXT_COLUMNS = {"meaning", "healthy range", "out of band"}  # free text; every other cell is a number or a name
-PATH_COLUMNS = {"file"}  # input paths, as recorded: terminal and Markdown show them by render/paths.py, HTML whole
+# Input paths as recorded, and worst sequences' `name:row`: the terminal and Markdown show them by
+# render/paths.py (a terminal table may shorten them, never its numbers), HTML whole.
+PATH_COLUMNS = {"file", "sequence"}
 
 
 @dataclass

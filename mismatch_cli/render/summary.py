@@ -17,11 +17,13 @@ from rich.markup import escape
 from mismatch_cli.render.lead import (
     BAD,
     NO_BUG,
+    applied_cost,
     bug_signatures,
     causes,
     correction_text,
     drift_lines,
     findings_of,
+    glossary,
     inputs_text,
     key_metrics,
     verdict,
@@ -101,8 +103,9 @@ def _findings(out: Lines, findings: list[Mapping[str, Any]], cause: bool) -> Non
         out.add(f"+{len(chosen) - SHOWN_FINDINGS} more in report.json (`findings`)", indent=2)
 
 
-def _recommendation(out: Lines, recommendation: Mapping[str, Any] | None, diagnosis: Mapping[str, Any]) -> None:
-    lines = what_to_do(recommendation, diagnosis)
+def _recommendation(out: Lines, report: Report) -> None:
+    recommendation = getattr(report, "recommendation", None)
+    lines = what_to_do(recommendation, report.summary.get("diagnosis") or {}, applied_cost(report))
     if not lines and not recommendation:
         return
     out.heading("What to do")
@@ -148,7 +151,7 @@ def summary_lines(report: Report, width: int = 80, warnings: bool = True) -> lis
     findings = [{**f, "detail": paths_in_text(str(f.get("detail") or ""), paths, out.width - PATH_ROOM)}
                 for f in findings_of(report)]
     _findings(out, findings, cause=True)
-    _recommendation(out, getattr(report, "recommendation", None), report.summary.get("diagnosis") or {})
+    _recommendation(out, report)
     _findings(out, findings, cause=False)
     _drift(out, getattr(report, "drift", None))
     _key_metrics(out, report)
@@ -158,9 +161,11 @@ def summary_lines(report: Report, width: int = 80, warnings: bool = True) -> lis
             out.add(f"warning: {paths_in_text(warning, paths, out.width - PATH_ROOM)}", indent=2, hang=4)
         if len(report.warnings) > SHOWN_WARNINGS:
             out.add(f"+{len(report.warnings) - SHOWN_WARNINGS} more with --full", indent=2)
+    terms = glossary("\n".join(text for text, _ in out.lines))
     out.heading("Next")
-    out.add("--full: every table (per round, what-if ladder, worst sequences, quantiles) · --out-dir DIR: "
-            "report.json, report.html, plots and CSV · mismatch metrics KEY: what a number means", indent=2)
+    out.add("--full: every table · --out-dir DIR: JSON, HTML, plots · mismatch metrics KEY", indent=2)
+    if terms:
+        out.add(f"terms: {terms}", indent=2, hang=4)
     return out.lines
 
 

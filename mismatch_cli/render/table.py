@@ -3,8 +3,9 @@
 Every cell is one of four kinds. `fixed` cells (numbers, metric keys, labels) never wrap: their column is
 as wide as its widest line. `wrap` cells (an interval `[lo, hi]`, a rule) may wrap at spaces only: their
 column is at least as wide as their longest word. `text` cells (meanings) are free text and take
-what width is left. `path` cells (input paths) never wrap: a path longer than its column is shortened in the
-middle, its file name whole (render/paths.py). When the fixed and minimum widths do not fit the terminal, the
+what width is left. `path` cells (input paths, `name:row`) never wrap: a path longer than its column is shortened in the
+middle (render/paths.py, `fit_path`); a path column is planned down to TEXT_MIN before any table splits,
+so it gives way before a number is ever squeezed. When the fixed and minimum widths do not fit the terminal, the
 table is printed as several blocks of columns, each repeating the leading label columns.
 """
 
@@ -21,7 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from mismatch_cli.render.paths import display_path, paths_in_text
+from mismatch_cli.render.paths import fit_path, paths_in_text
 from mismatch_cli.render.sections import Section, build_sections
 from mismatch_cli.report import Report
 
@@ -57,9 +58,8 @@ def _widths(grid: Grid, j: int) -> tuple[int, int]:
         return natural, natural
     if kind == "wrap":
         return max([len(w) for line in cells for w in line.split()] + [header_word, 1]), natural
-    if kind == "path":  # down to `…/NAME`, the shortest a path is shown
-        shortest = max([len(display_path(cell, 0)) for cell in cells] + [header_word, TEXT_MIN])
-        return min(natural, shortest), natural
+    if kind == "path":  # as narrow as free text: the path's middle (its file name's last) gives way first
+        return min(natural, max(TEXT_MIN, header_word)), natural
     return min(natural, max(TEXT_MIN, header_word)), natural
 
 
@@ -120,7 +120,7 @@ def print_grid(grid: Grid, console: Console) -> None:
                                  no_wrap=kind in ("fixed", "path"), overflow="fold")
         for i, row in enumerate(grid.rows):
             style = grid.styles[i] if i < len(grid.styles) else None
-            table.add_row(*[Text(display_path(row[j], planned) if grid.kinds[j] == "path" else row[j])
+            table.add_row(*[Text(fit_path(row[j], planned) if grid.kinds[j] == "path" else row[j])
                             for j, planned in zip(indices, widths, strict=True)], style=style)
         console.print(table)
         if b < len(blocks) - 1:

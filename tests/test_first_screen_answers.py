@@ -1,0 +1,124 @@
+"""Issue 25: Markdown carries the first screen's answers; a row-level χ² beside a token-level verdict is
+explained; a run's own correction states its cost; abbreviations are spelled out. Values come from
+report.json or numpy, not from the renderer."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+from typer.testing import CliRunner
+
+from mismatch_cli.cli import app
+from mismatch_cli.findings.model import percent
+from mismatch_cli.metrics.notes import explain
+from mismatch_cli.render.cells import format_value
+from mismatch_cli.render.lead import glossary
+from mismatch_cli.render.markdown import render_markdown
+from mismatch_cli.report import Report
+
+ROOT = Path(__file__).resolve().parents[1]
+SINGLE, MULTI = "sample_data/single_turn.parquet", "sample_data/multi_turn.parquet"
+ENV = {"COLUMNS": "80", "NO_COLOR": "1", "TERM": "dumb", "MISMATCH_DEBUG": None, "FORCE_COLOR": None}
+
+
+def _run(*args: str) -> str:
+    result = CliRunner(env=ENV).invoke(app, ["analyze", *args, "--device", "cpu", "--bootstrap", "0"])
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _saved(tmp_path: Path, path: str) -> Path:
+    out = tmp_path / "report.json"
+    result = CliRunner(env=ENV).invoke(app, ["analyze", path, "--device", "cpu", "--bootstrap", "0", "-o", str(out),
+                                             "--format", "json"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_markdown_carries_the_answers_before_its_tables(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(ROOT)
+    report = json.loads(_run(MULTI, "--format", "json"))
+    markdown = _run(MULTI, "--format", "markdown")
+    heads = ["## Health: WARNING", "## Why", "## What to do", "## Dump checks (bug signatures)", "## Key metrics"]
+    at = [markdown.index(head) for head in heads]
+    assert at == sorted(at) and at[-1] < markdown.index("# Tables")
+    answers = markdown[:markdown.index("# Tables")]
+    for check in report["summary"]["checks"]:
+        assert f"{check['label']}: {format_value(check['value'])}" in answers.replace("\\|", "|")
+    assert report["recommendation"]["flags"] in answers  # What to do: the recommended flags
+    cause = next(f for f in report["findings"] if f["code"] == "concentrated_divergence")
+    assert cause["title"] in answers.replace("\\|", "|")
+    assert f"| {format_value(report['metrics']['rollout_corr/chi2_seq'])} |" in answers
+    # Drift needs 3 or more steps (the samples have 2): a drifting metric, as engine/drift.py records it.
+    loaded = Report.load(_saved(tmp_path, MULTI))
+    loaded.drift = {"rollout_corr/kl": {"slope": 0.0125, "slope_interval": [0.005, 0.02], "bad_steps": [3, 4],
+                                        "first_out_of_band_step": 3, "steps": 5, "change_point_step": None}}
+    drifting = render_markdown(loaded)
+    assert "## Drift over steps (1 of 1 metrics move)" in drifting[:drifting.index("# Tables")]
+    assert "**kl**: 0.0125 per step [0.005, 0.02]; out of band from step 3 (2 of 5 steps)" in drifting
+
+
+def test_a_row_level_chi2_beside_a_token_level_verdict_is_explained(monkeypatch) -> None:
+    monkeypatch.chdir(ROOT)
+    report = json.loads(_run(MULTI, "--format", "json"))
+    assert report["metrics"]["rollout_corr/chi2_seq"] > 1  # outside χ²_token's band, yet not a check
+    assert "diag/ess_seq_kish" not in [c["metric"] for c in report["summary"]["checks"]]
+    lines = _run(MULTI).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.split()[:1] == ["chi2_seq"])
+    assert "few long rows dominate it" in lines[at + 1]
+    # The rule is general: any row-level value out of its token sibling's band, only off a sequence-level verdict.
+    assert explain("rollout_corr/chi2_seq", 1666.0, {}, sequence_level=False)
+    assert explain("diag/ess_seq_kish", 0.01, {}, sequence_level=False)
+    assert explain("rollout_corr/chi2_seq", 1666.0, {}, sequence_level=True) is None
+    assert explain("rollout_corr/chi2_seq", 0.5, {}, sequence_level=False) is None
+
+
+def _seq_mean_k1_cost(path: Path, low: float, high: float) -> tuple[float, float]:
+    """Tokens and rows verl's seq_mean_k1 RS drops (k1 = mean of rollout - old over a row's valid tokens)."""
+    table = pq.read_table(path)
+    dropped_tokens = tokens = dropped_rows = 0
+    for old, rollout, mask in zip(*(table[c].to_pylist() for c in (
+            "old_log_probs", "rollout_log_probs", "response_mask")), strict=True):
+        valid = np.asarray(mask) > 0
+        tokens += int(valid.sum())
+        if valid.any():
+            k1 = float(np.mean(np.asarray(rollout, np.float64)[valid] - np.asarray(old, np.float64)[valid]))
+            if not math.log(low) <= k1 <= math.log(high):
+                dropped_tokens += int(valid.sum())
+                dropped_rows += 1
+    return dropped_tokens / tokens, dropped_rows / table.num_rows
+
+
+def test_the_runs_own_correction_states_its_cost(monkeypatch) -> None:
+    monkeypatch.chdir(ROOT)
+    tokens, rows = _seq_mean_k1_cost(ROOT / SINGLE, 0.999, 1.001)
+    assert rows > 0.1  # verl's preset drops a sizeable share of a healthy dump
+    report = json.loads(_run(SINGLE, "--rs", "seq_mean_k1", "--rs-threshold", "0.999_1.001", "--format", "json"))
+    assert report["summary"]["before"]["status"] == "healthy"
+    screen = _flat(_run(SINGLE, "--rs", "seq_mean_k1", "--rs-threshold", "0.999_1.001"))
+    assert f"your correction costs: drops {percent(tokens)} of tokens and {percent(rows)} of sequences" in screen
+    assert "no correction is needed" not in screen and "the run's correction is not needed" in screen
+    lighter = screen.split("if you keep one, ", 1)[1].split(" is the lightest", 1)[0].split(" (=")[0]
+    assert lighter in [row["flags"] for row in report["what_if"]]
+    preset = _flat(_run(SINGLE, "--preset", "decoupled_geo_rs_token_tis"))
+    assert "your correction costs:" in preset and "no correction is needed" not in preset
+
+
+def test_abbreviations_are_spelled_out_once_on_the_first_screen(monkeypatch) -> None:
+    monkeypatch.chdir(ROOT)
+    text = _run(MULTI)
+    lines = text.splitlines()
+    assert len(lines) <= 45 and max(map(len, lines)) <= 80
+    flat = _flat(text)
+    for spelled in ("TIS = truncated importance sampling", "ESS = effective sample size", "k1, k3 = KL estimators"):
+        assert flat.count(spelled) == 1, spelled
+    assert glossary("TIS token 2.0") == "TIS = truncated importance sampling"  # IS inside TIS is not IS
+    assert glossary("no abbreviation here") is None
