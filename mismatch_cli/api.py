@@ -15,7 +15,7 @@ from mismatch_cli.errors import UsageError
 from mismatch_cli.findings import find
 from mismatch_cli.findings.causes import few_tokens
 from mismatch_cli.health import summarize
-from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, iter_batches
+from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, discovery_warnings, iter_batches
 from mismatch_cli.io.parallel import BackgroundHashes
 from mismatch_cli.io.remote import is_remote
 from mismatch_cli.numbers import parse_integer
@@ -149,8 +149,7 @@ def build_report(
         count = data_quality["totals"].get(key, 0)
         if count:
             warnings.append(f"{count} {QUALITY_WARNINGS[key]}{_first_example(data_quality, key)}")
-    for f in files:
-        warnings.extend(f"{f.path}: {note}" for note in f.notes)
+    warnings.extend(discovery_warnings(files))
     groups = _groups(result, group_by)
     for column, entries in groups.items():
         warnings.extend(f"{column}={entry['group']}: {note}" for entry in entries for note in entry["notes"])

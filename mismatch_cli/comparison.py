@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mismatch_cli.errors import DataError, UsageError
+from mismatch_cli.errors import DataError, UsageError, suggest
 from mismatch_cli.metrics import Direction, aliases_of, closest, resolve_name
 from mismatch_cli.metrics import direction_of as registry_direction
 from mismatch_cli.noise import min_difference_of, overlap
@@ -259,7 +259,7 @@ def resolve_min_differences(overrides: Mapping[str, float | str | None] | None =
         key = resolve_name(name)
         if key is None:
             close = closest(name)
-            tail = f"did you mean {', '.join(close)}?" if close else "run `mismatch metrics` to list the metrics"
+            tail = suggest(close, "run `mismatch metrics` to list the metrics")
             raise UsageError(f"{origin}: unknown metric {name!r}", hint=tail)
         difference = _difference(value, f"{origin} of {name}")
         if key in named:  # `kl=1e-4` and `rollout_corr/kl=1e-3`: which one was meant?

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from mismatch_cli.batch import Batch
 from mismatch_cli.errors import DataError, UsageError
-from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, iter_batches
+from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, discovery_warnings, iter_batches
 from mismatch_cli.output import streamed_file
 
 FLOAT_TYPES = {"float32": (pa.float32(), np.float32), "float64": (pa.float64(), np.float64)}
@@ -156,8 +156,7 @@ def convert(
                 with suppress(Exception):  # the original error is the one to report
                     writer.close()
             raise
-    for f in files:
-        summary.warnings.extend(f"{f.path}: {note}" for note in f.notes)
+    summary.warnings.extend(discovery_warnings(files))
     for key, text in QUALITY_NOTES.items():
         if summary.quality.get(key):
             summary.warnings.append(f"{summary.quality[key]} {text}")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable, Sequence
+
 
 class MismatchError(Exception):
     """Base of every error the tool reports to a user; carries an exit code and a fix."""
@@ -55,3 +58,20 @@ class BreachError(MismatchError):
     """A metric broke a threshold (exit 1)."""
 
     exit_code = 1
+
+
+def close_names(name: str, known: Iterable[str], count: int = 1) -> list[str]:
+    """The known names closest to a mistyped one, best first (difflib, the one place suggestions are made)."""
+    return difflib.get_close_matches(name, list(dict.fromkeys(known)), n=count, cutoff=0.6)
+
+
+def did_you_mean(name: str, known: Iterable[str], otherwise: str = "", spelled: str = "{}") -> str:
+    """`did you mean X?` for the closest known name, or `otherwise` when none is close."""
+    return suggest(close_names(name, known), otherwise, spelled)
+
+
+def suggest(close: Sequence[str], otherwise: str = "", spelled: str = "{}") -> str:
+    """`did you mean X?` (or `X, Y?`) for names already found close, or `otherwise` when there are none."""
+    if not close:
+        return otherwise
+    return f"did you mean {', '.join(spelled.format(name) for name in close)}?"

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -58,6 +59,28 @@ def raise_pending() -> None:
     """
     if _pending:
         raise _exception(_pending[0])
+
+
+HOLD_ENV = "MISMATCH_TEST_HOLD"
+_HOLD_S = 60.0
+
+
+def hold_for_test() -> None:
+    """For the signal tests: with MISMATCH_TEST_HOLD=PATH set, create PATH, then wait there for a signal.
+
+    Called once a run has read its first batch (outputs staged, temporary files open), so a test can
+    send SIGINT / SIGTERM at a known point instead of racing a run that may finish first. Each process
+    holds once; without the variable this returns at once.
+    """
+    marker = os.environ.pop(HOLD_ENV, None)
+    if not marker:
+        return
+    with open(marker, "w"):
+        pass
+    deadline = time.monotonic() + _HOLD_S
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        raise_pending()
 
 
 def import_pandas_now() -> None:

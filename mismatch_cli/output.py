@@ -110,6 +110,7 @@ class Outputs:
                              hint="give a file name (use --out-dir for a folder of outputs)")
         if info is not None and stat.S_ISREG(info.st_mode):
             self._refuse_input(target, info, flag)
+            _writable(target.parent, target, flag)  # replaced through a temporary file beside it
         elif info is None:
             self._check_parent(target, flag)
         return target
@@ -121,7 +122,9 @@ class Outputs:
         if info is not None and not stat.S_ISDIR(info.st_mode):
             raise UsageError(f"cannot write {_named(flag, target)}: it exists and is not a directory",
                              hint=f"pass a directory to {flag}")
-        if info is None:
+        if info is not None:
+            _writable(target, target, flag)
+        else:
             self._check_parent(target, flag)
         return target
 
@@ -199,7 +202,23 @@ class Outputs:
             if not stat.S_ISDIR(info.st_mode):
                 raise explain_os_error(OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)), target, writing=True,
                                        flag=flag)
+            _writable(parent, target, flag)
             return
+
+
+def _writable(folder: Path, target: Path, flag: str) -> None:
+    """Refuse now (before any analysis) an output whose folder cannot be written into: no permission, read-only."""
+    if os.access(folder, os.W_OK | os.X_OK):
+        return
+    code = errno.EROFS if _read_only(folder) else errno.EACCES
+    raise explain_os_error(OSError(code, os.strerror(code), str(folder)), target, writing=True, flag=flag)
+
+
+def _read_only(folder: Path) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
 
 
 def _make_parents(path: Path, flag: str) -> list[Path]:

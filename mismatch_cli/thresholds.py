@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mismatch_cli.errors import UsageError
+from mismatch_cli.errors import UsageError, suggest
 from mismatch_cli.metrics import Direction, direction_of
 from mismatch_cli.noise import NoiseTest, magnitude_interval, min_difference_of
 from mismatch_cli.report import SCHEMA_VERSION, Report
@@ -148,7 +148,7 @@ def _absent(metric: str, known: list[str]) -> str:
     registered = resolve_name(metric)
     if registered is None:
         close = closest(metric, known)
-        tail = f"did you mean {', '.join(close)}?" if close else "run `mismatch metrics` to list the metrics"
+        tail = suggest(close, "run `mismatch metrics` to list the metrics")
         return f"unknown metric {metric} (not a metric mismatch reports); {tail}"
     family = lookup(registered).family  # type: ignore[union-attr]
     return (f"{registered} is not in the input's report ({family.name} keys are reported {family.produced}); "

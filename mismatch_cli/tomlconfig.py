@@ -8,14 +8,13 @@ expected type, with the likely intended name when one is close.
 
 from __future__ import annotations
 
-import difflib
 import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mismatch_cli.errors import UsageError
+from mismatch_cli.errors import UsageError, close_names, did_you_mean
 from mismatch_cli.numbers import check_threshold_text, parse_number
 
 if sys.version_info >= (3, 11):
@@ -101,8 +100,8 @@ TABLES: dict[str, dict[str, str]] = {"correction": CORRECTION_FIELDS, "check": C
 
 
 def _close(name: str, known: list[str], spelled: str = "{}") -> str:
-    match = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-    return f"did you mean {spelled.format(match[0])}? " if match else ""
+    found = did_you_mean(name, known, spelled=spelled)
+    return f"{found} " if found else ""
 
 
 def check_value(kind: str, key: str, value: Any, where: str) -> None:
@@ -135,7 +134,7 @@ def _root(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], str]:
             raise UsageError(f"{path}: tool.mismatch must be a table", hint="write [tool.mismatch.check] etc.")
         return tool["mismatch"], "tool.mismatch."
     if path.name == "pyproject.toml":
-        close = difflib.get_close_matches("mismatch", list(tool), n=1, cutoff=0.6) if isinstance(tool, dict) else []
+        close = close_names("mismatch", tool) if isinstance(tool, dict) else []
         found = f"[tool.{close[0]}] looks misspelled; " if close else ""
         raise UsageError(f"{path} has no [tool.mismatch] table",
                          hint=f"{found}put the settings under [tool.mismatch.correction] / [tool.mismatch.check]")

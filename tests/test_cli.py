@@ -399,9 +399,10 @@ def test_python_m_version():
     assert proc.stdout.strip() == f"mismatch {importlib.metadata.version('mismatch-cli')}"
 
 
-def test_no_plots_accepted(small_dump):
-    report = analyze_json(str(small_dump), "--no-plots")
+def test_no_plots_accepted(small_dump, tmp_path):
+    report = analyze_json(str(small_dump), "--no-plots", "--out-dir", str(tmp_path / "out"))
     assert report["inputs"][0]["sequences"] == 5
+    assert not list((tmp_path / "out").glob("*.png"))
 
 
 # ------------------------------------------------------------------------------- values, hand-built

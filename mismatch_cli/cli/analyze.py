@@ -25,6 +25,7 @@ from mismatch_cli.cli.options import (
     csv_table_flag,
     parse_by,
     read_options,
+    refuse_without,
 )
 
 if TYPE_CHECKING:
@@ -42,13 +43,15 @@ def analyze(
     config: ConfigPathOpt = None,
     by: ByOpt = [],  # noqa: B006 - typer needs a literal default
     out_dir: Annotated[
-        Path | None, typer.Option("--out-dir", help="Write DIR/report.json, DIR/*.png and DIR/report.html.")
+        Path | None, typer.Option("--out-dir", metavar="DIR",
+                                  help="Write DIR/report.json, DIR/*.png and DIR/report.html.")
     ] = None,
     output_format: Annotated[ReportFormat, typer.Option("--format", help="Report format on stdout / -o: table, json, "
                                                         "markdown, or csv (one table, see --table).")] = (
         ReportFormat.table
     ),
-    table_name: Annotated[str | None, typer.Option("--table", help="With --format csv: steps, groups, rounds, "
+    table_name: Annotated[str | None, typer.Option("--table", metavar="NAME",
+                                                   help="With --format csv: steps, groups, rounds, "
                                                    "rounds_from_end, what_if, worst_sequences or metrics (default: "
                                                    "steps, else groups, else rounds).")] = None,
     output: OutputOpt = None,
@@ -60,7 +63,8 @@ def analyze(
     quiet: QuietOpt = False,
     engine: Annotated[Engine, typer.Option("--engine", help="local, or ray: the same accumulators on a "
                                            "Ray cluster (pip install 'mismatch-cli[ray]').")] = Engine.local,
-    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join (default: "
+    ray_address: Annotated[str | None, typer.Option("--ray-address", metavar="ADDR",
+                                                    help="Ray cluster to join (default: "
                                                     "RAY_ADDRESS, else a local one).")] = None,
 ) -> None:
     """Analyze rollout dumps: verl's rollout-correction metrics, health summary, report.json."""
@@ -74,6 +78,9 @@ def analyze(
     from mismatch_cli.render.summary import render_summary
     from mismatch_cli.render.table import render_tables
 
+    refuse_without("--no-plots", no_plots, "--out-dir DIR", out_dir is not None)
+    refuse_without("--ray-address", ray_address is not None, "--engine ray", engine is Engine.ray)
+    refuse_without("--full", full, "--format table", output_format is ReportFormat.table)
     replicates = check_bootstrap(compute.bootstrap)
     table_name = csv_table_flag(output_format, table_name)
     correction = correction_from_flags(config, correction_flags)

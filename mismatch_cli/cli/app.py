@@ -1,4 +1,5 @@
-"""The typer application, and the one place where exceptions become exit codes (`guard`, `main`)."""
+"""The typer application, and the one place where exceptions become exit codes (`guard`, `main`, and
+`MismatchGroup.main` for typer's own usage errors)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
+from mismatch_cli.cli.usage import MismatchCommand, TyperError, is_help_request, usage_line
 from mismatch_cli.errors import MismatchError
 from mismatch_cli.guard import (
     EXIT_SIGINT,
@@ -35,7 +38,36 @@ EXIT_CODES_HELP = (
     "SIGINT / SIGTERM (no file written); 141 standard output closed (e.g. `| head`)."
 )
 
-app = typer.Typer(
+class MismatchGroup(TyperGroup):
+    """The command group; its `main` turns typer's own usage errors into our one line and exit 2."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except TyperError as exc:
+            if is_help_request(exc):  # `mismatch` alone: the help, as typer shows it
+                exc.show()  # type: ignore[attr-defined]
+            else:
+                stderr().print(f"error: {usage_line(exc)}", markup=False)
+            code = exc.exit_code  # type: ignore[attr-defined]
+        except typer.Abort:
+            stderr().print("error: aborted", markup=False)
+            code = 1
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+class MismatchTyper(typer.Typer):
+    """The application: every command renders its help with readable placeholders (`MismatchCommand`)."""
+
+    def command(self, *args: Any, cls: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
+        return super().command(*args, cls=cls or MismatchCommand, **kwargs)
+
+
+app = MismatchTyper(
+    cls=MismatchGroup,
     name="mismatch",
     help="How far do the inference engine's token log-probs drift from the trainer's, and what would "
     "verl's rollout corrections do about it? " + EXIT_CODES_HELP,

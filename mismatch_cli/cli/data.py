@@ -37,7 +37,7 @@ def _whole(text: str, flag: str) -> int:
 @app.command()
 @guard
 def synth(
-    output: Annotated[Path, typer.Argument(help="File to write (.parquet or .safetensors).")],
+    output: Annotated[Path, typer.Argument(metavar="OUT", help="File to write (.parquet or .safetensors).")],
     tokens: Annotated[str, typer.Option("--tokens", metavar="N", help="Approximate number of response tokens.")] = (
         "100000"
     ),
@@ -79,11 +79,13 @@ def synth(
 @bundled(InputFlags)
 def convert(
     inputs: InputsArg,
-    output: Annotated[Path, typer.Option("-o", "--output", help="The parquet file to write (atomically).")],
+    output: Annotated[Path, typer.Option("-o", "--output", metavar="FILE",
+                                         help="The parquet file to write (atomically).")],
     input_flags: InputFlags,
     keep: Annotated[
         list[str],
-        typer.Option("--keep", help="Also copy this per-row column (e.g. data_source). Repeatable; prime-rl's "
+        typer.Option("--keep", metavar="COLUMN",
+                     help="Also copy this per-row column (e.g. data_source). Repeatable; prime-rl's "
                      "env_name is always kept."),
     ] = [],  # noqa: B006
     dtype: Annotated[Dtype, typer.Option("--dtype", help="Storage precision of the log-probs.")] = Dtype.float32,

@@ -15,7 +15,8 @@ from rich.console import Console
 from mismatch_cli.cli.options import OutputFormat
 from mismatch_cli.output import Outputs
 
-OutputOpt = Annotated[str | None, typer.Option("-o", "--output", help="Write the output to FILE ('-' = stdout).")]
+OutputOpt = Annotated[str | None, typer.Option("-o", "--output", metavar="FILE",
+                                               help="Write the output to FILE ('-' = stdout).")]
 
 
 def to_file(output: str | None) -> bool:

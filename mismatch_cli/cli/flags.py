@@ -131,7 +131,48 @@ def correction_from_flags(config_file: Path | None, flags: CorrectionFlags) -> C
             fields["rollout_is"] = None
     config = config_from_sources(table, fields, semantics, flags.preset, origin=str(config_file))
     try:
-        resolve(config)  # errors come before any input is read
+        resolved = resolve(config)  # errors come before any input is read
     except MismatchError as error:
         raise name_flags(error, family) from None
+    refuse_idle_flags(given, _switched_on(family, config, resolved))
     return config
+
+
+# flag -> (what it needs switched on, how to switch it on). A flag whose switch is off would be ignored
+# without a word (`--is-threshold 2,0` without `--is` reported "correction: none" and exit 0).
+NEEDS: dict[str, tuple[str, str]] = {
+    "--is-threshold": ("is", "--is token (or --is sequence)"),
+    "--is-batch-normalize": ("is", "--is token (or --is sequence)"),
+    "--rs-threshold": ("rs", "--rs OPTION (e.g. --rs seq_mean_k1)"),
+    "--rs-threshold-lower": ("rs", "--rs OPTION (e.g. --rs seq_mean_k1)"),
+    "--k1-bounds": ("k1", "a k1 RS option (e.g. --rs seq_mean_k1)"),
+    # verl 0.6.0 and xtuner: importance sampling is on when rollout_is_threshold is set
+    "--is-level": ("threshold", "--is-threshold U (e.g. --is-threshold 2.0)"),
+    "--is-mode": ("threshold", "--is-threshold U (e.g. --is-threshold 2.0)"),
+    "--is-threshold-lower": ("threshold", "--is-threshold U (e.g. --is-threshold 2.0)"),
+    "--is-mask-threshold": ("threshold", "--is-threshold U (e.g. --is-threshold 2.0)"),
+}
+
+
+def _switched_on(family: str, config: CorrectionConfig, resolved: Any) -> dict[str, bool]:
+    """Which switches the run has on: IS, RS, a k1 RS option, and (older families) an IS threshold."""
+    if family in VERL_FAMILIES:
+        return {"is": resolved.is_level is not None, "rs": bool(resolved.rs_options),
+                "k1": any(o.is_k1 for o in resolved.rs_options), "threshold": True}
+    fields = config.to_dict()
+    threshold = fields.get("rollout_is_threshold") is not None
+    rs = fields.get("rollout_rs")
+    return {"is": fields.get("rollout_is") is not None if "--is" in _table(family) else threshold,
+            "rs": rs is not None, "k1": rs is not None and "k1" in str(rs), "threshold": threshold}
+
+
+def refuse_idle_flags(given: dict[str, Any], switched_on: dict[str, bool]) -> None:
+    """Refuse a flag that only matters with another one when that other one is off, naming it."""
+    for flag, value in given.items():
+        if value is None or flag not in NEEDS:
+            continue
+        switch, how = NEEDS[flag]
+        if not switched_on[switch]:
+            shown = f"{flag} {value}" if not isinstance(value, bool) else flag if value else f"--no-{flag[2:]}"
+            raise UsageError(f"{shown} does nothing here: it needs {how.split(' (')[0]}, which is not set",
+                             hint=f"add {how}, or drop {flag}")

@@ -23,11 +23,13 @@ from mismatch_cli.cli.options import (
     bundled,
     parse_by,
     read_options,
+    refuse_without,
 )
 from mismatch_cli.errors import MismatchError, UsageError
 
 LimitsConfigOpt = Annotated[
-    Path | None, typer.Option("--config", help="TOML with [check] (fail_on, baseline, missing) and [correction].")
+    Path | None, typer.Option("--config", metavar="FILE",
+                              help="TOML with [check] (fail_on, baseline, missing) and [correction].")
 ]
 
 
@@ -50,9 +52,12 @@ def _analyze_options(input_flags: InputFlags, compute: ComputeFlags, by: list[st
 @guard
 @bundled(CorrectionFlags, InputFlags, ComputeFlags)
 def compare(
-    base: Annotated[str, typer.Argument(help="The reference: a dump, a folder of dumps, or a report.json.")],
-    candidate: Annotated[str, typer.Argument(help="Judged against BASE: a dump, a folder of dumps, or a report.json.")],
+    base: Annotated[str, typer.Argument(metavar="BASE",
+                                        help="The reference: a dump, a folder of dumps, or a report.json.")],
+    candidate: Annotated[str, typer.Argument(metavar="CANDIDATE",
+                                             help="Judged against BASE: a dump, a folder of dumps, or a report.json.")],
     more: Annotated[list[str] | None, typer.Argument(
+        metavar="MORE",
         help="More runs: with three or more, every run side by side (no reference), best and worst per metric.",
         show_default=False)] = None,
     *,
@@ -68,7 +73,8 @@ def compare(
         "`mismatch metrics`.")] = [],  # noqa: B006
     by: ByOpt = [],  # noqa: B006
     out_dir: Annotated[
-        Path | None, typer.Option("--out-dir", help="Write compare.json, compare.md, each side's report, "
+        Path | None, typer.Option("--out-dir", metavar="DIR",
+                                  help="Write compare.json, compare.md, each side's report, "
                      "overlaid plots and compare.html.")
     ] = None,
     output_format: Annotated[OutputFormat, typer.Option("--format", help="What is printed on stdout / -o.")] = (
@@ -87,6 +93,7 @@ def compare(
     from mismatch_cli.render.files import compare_files
     from mismatch_cli.tomlconfig import load_table
 
+    refuse_without("--no-plots", no_plots, "--out-dir DIR", out_dir is not None)
     if more and fail_on:
         raise UsageError(f"--fail-on needs exactly two runs (a baseline and a candidate), got {2 + len(more)}",
                          hint="compare two runs with limits, or hold each run to them with `mismatch check RUN`")
@@ -153,18 +160,21 @@ def _compare_runs(runs: list[str], correction: Any, config: Path | None, practic
 @guard
 @bundled(CorrectionFlags, InputFlags, ComputeFlags)
 def check(
-    inputs: Annotated[list[str], typer.Argument(help="Dumps (files, folders, globs) or one report.json.")],
+    inputs: Annotated[list[str], typer.Argument(metavar="INPUT",
+                                                help="Dumps (files, folders, globs) or one report.json.")],
     correction_flags: CorrectionFlags,
     input_flags: InputFlags,
     compute: ComputeFlags,
     baseline: Annotated[
-        str | None, typer.Option("--baseline", help="Report (report.json) that relative rules compare against.")
+        str | None, typer.Option("--baseline", metavar="REPORT",
+                                 help="Report (report.json) that relative rules compare against.")
     ] = None,
     config: LimitsConfigOpt = None,
     fail_on: FailOnOpt = [],  # noqa: B006 - typer needs a literal default
     missing: MissingOpt = None,
     by: ByOpt = [],  # noqa: B006
-    junit_xml: Annotated[Path | None, typer.Option("--junit-xml", help="Write JUnit XML (one case per rule).")] = None,
+    junit_xml: Annotated[Path | None, typer.Option("--junit-xml", metavar="FILE",
+                                                   help="Write JUnit XML (one case per rule).")] = None,
     github: Annotated[
         GithubMode, typer.Option("--github", help="Annotations and step summary: auto (GITHUB_ACTIONS=true), on, off.")
     ] = GithubMode.auto,
@@ -172,7 +182,8 @@ def check(
         OutputFormat.table
     ),
     output: OutputOpt = None,
-    out_dir: Annotated[Path | None, typer.Option("--out-dir", help="Write DIR/report.json of the input.")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out-dir", metavar="DIR",
+                                                 help="Write DIR/report.json of the input.")] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """The CI gate: hold a dump (or report) to limits; exit 1 on a breach, 2 on a bad rule, 3 on bad input."""

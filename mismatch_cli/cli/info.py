@@ -7,9 +7,9 @@ from typing import Annotated, get_type_hints
 import typer
 
 from mismatch_cli.cli.app import app, guard
-from mismatch_cli.cli.emit import OutputOpt, Rendered, deliver, note, planned_outputs
+from mismatch_cli.cli.emit import OutputOpt, Rendered, deliver, note, planned_outputs, to_file
 from mismatch_cli.cli.options import CorrectionFlags, OutputFormat, QuietOpt
-from mismatch_cli.errors import UsageError
+from mismatch_cli.errors import UsageError, suggest
 
 SemanticsOpt = get_type_hints(CorrectionFlags, include_extras=True)["semantics"]
 
@@ -36,16 +36,19 @@ def presets(
     deliver(outputs, output, Rendered.of(output_format, lambda: render_presets_json(family, rows),
                                       lambda: render_presets_markdown(fields, rows),
                                       lambda console: render_presets_table(family, fields, rows, console)))
+    note(quiet, *([f"wrote {output}"] if to_file(output) else []))
 
 
 @app.command("metrics")
 @guard
 def metrics_command(
-    query: Annotated[str | None, typer.Argument(help="Only this key, or the keys containing this text.")] = None,
+    query: Annotated[str | None, typer.Argument(metavar="KEY|TEXT",
+                                                help="Only this key, or the keys containing this text.")] = None,
     output_format: Annotated[OutputFormat, typer.Option("--format", help="table, json or markdown.")] = (
         OutputFormat.table
     ),
     output: OutputOpt = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """List every metric key: meaning, reduction, which way is better, healthy band and its source."""
     from mismatch_cli.metrics import closest, find
@@ -56,7 +59,8 @@ def metrics_command(
     if not chosen:
         close = closest(query or "")
         raise UsageError(f"no metric key matches '{query}'",
-                         hint=f"did you mean {', '.join(close)}?" if close else "run `mismatch metrics` for all")
+                         hint=suggest(close, "run `mismatch metrics` for all"))
     deliver(outputs, output, Rendered.of(output_format, lambda: render_metrics_json(chosen),
                                       lambda: render_metrics_markdown(chosen),
                                       lambda console: render_metrics_table(chosen, console)))
+    note(quiet, *([f"wrote {output}"] if to_file(output) else []))

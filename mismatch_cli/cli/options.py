@@ -107,24 +107,27 @@ class MissingPolicy(str, enum.Enum):
 
 InputsArg = Annotated[
     list[str],
-    typer.Argument(help="Dump files (parquet, safetensors, slime .pt, NeMo-RL / prime-rl .jsonl), folders or globs."),
+    typer.Argument(metavar="DUMP",
+                   help="Dump files (parquet, safetensors, slime .pt, NeMo-RL / prime-rl .jsonl), folders or globs."),
 ]
 InputFormatOpt = Annotated[
     InputFormat,
     typer.Option("--input-format", help="auto (from the content), parquet, safetensors, slime, nemo-rl or prime-rl."),
 ]
 ColumnOpt = Annotated[
-    list[str], typer.Option("--column", help="Map a role to a column: ROLE=NAME (roles: old_log_probs, "
+    list[str], typer.Option("--column", metavar="ROLE=NAME",
+                            help="Map a role to a column: ROLE=NAME (roles: old_log_probs, "
                             "rollout_log_probs, response_mask). Repeatable.")
 ]
 NoMaskOpt = Annotated[bool, typer.Option("--no-mask", help="Treat every token as valid when the dump has no mask.")]
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
+DeviceOpt = Annotated[str, typer.Option("--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N.")]
 ByOpt = Annotated[
     list[str],
-    typer.Option("--by", help="Also report each step (`step`) or each value of a column (e.g. env_name) as its "
+    typer.Option("--by", metavar="KEY",
+                 help="Also report each step (`step`) or each value of a column (e.g. env_name) as its "
                  "own batch. Repeatable."),
 ]
-FailOnOpt = Annotated[list[str], typer.Option("--fail-on", help=RULE_HELP)]
+FailOnOpt = Annotated[list[str], typer.Option("--fail-on", metavar="RULE", help=RULE_HELP)]
 MissingOpt = Annotated[
     MissingPolicy | None,
     typer.Option("--missing", help="A rule naming a metric the input or baseline lacks: error (default), warn, skip."),
@@ -144,32 +147,34 @@ class InputFlags:
 class CorrectionFlags:
     """The correction to run: verl's flags, the older families' flags and a TOML [correction] table."""
 
-    preset: Annotated[str | None, typer.Option("--preset", help="A verl preset (see `mismatch presets`).")] = None
+    preset: Annotated[str | None, typer.Option("--preset", metavar="NAME",
+                                               help="A verl preset (see `mismatch presets`).")] = None
     is_level: Annotated[IsLevel | None, typer.Option("--is", help="IS level (verl rollout_is).")] = None
     is_threshold: Annotated[str | None, typer.Option(
-        "--is-threshold", help="TIS upper bound (2.0) or IcePop band L_U (0.5_5.0).")] = None
+        "--is-threshold", metavar="T", help="TIS upper bound (2.0) or IcePop band L_U (0.5_5.0).")] = None
     is_batch_normalize: Annotated[bool | None, typer.Option(
         "--is-batch-normalize/--no-is-batch-normalize", help="Normalize IS weights to mean 1.")] = None
     rs: Annotated[str | None, typer.Option(
-        "--rs", help="RS options, comma-chained (e.g. seq_mean_k1,token_k2).")] = None
+        "--rs", metavar="LIST", help="RS options, comma-chained (e.g. seq_mean_k1,token_k2).")] = None
     rs_threshold: Annotated[str | None, typer.Option(
-        "--rs-threshold", help="RS thresholds: one shared or one per option, comma-separated.")] = None
+        "--rs-threshold", metavar="LIST", help="RS thresholds: one shared or one per option, comma-separated.")] = None
     k1_bounds: Annotated[K1Bounds | None, typer.Option(
         "--k1-bounds", help="verl (reproduce verl) or ratio (L<=ratio<=U).")] = None
     semantics: Annotated[Semantics | None, typer.Option(
         "--semantics", help="Trainer family whose rules and keys to reproduce.")] = None
     is_level_legacy: Annotated[str | None, typer.Option(
-        "--is-level", help="verl-0.6.0 / xtuner: token, sequence or geometric.")] = None
+        "--is-level", metavar="LEVEL", help="verl-0.6.0 / xtuner: token, sequence or geometric.")] = None
     is_mode: Annotated[str | None, typer.Option(
-        "--is-mode", help="verl-0.6.0: truncate|mask; xtuner: truncate|mask|both.")] = None
+        "--is-mode", metavar="MODE", help="verl-0.6.0: truncate|mask; xtuner: truncate|mask|both.")] = None
     is_threshold_lower: Annotated[str | None, typer.Option(
-        "--is-threshold-lower", help="verl-0.6.0: IS lower bound L.")] = None
+        "--is-threshold-lower", metavar="L", help="verl-0.6.0: IS lower bound L.")] = None
     is_mask_threshold: Annotated[str | None, typer.Option(
-        "--is-mask-threshold", help="xtuner: mask band as U,L (xtuner's order).")] = None
+        "--is-mask-threshold", metavar="U,L", help="xtuner: mask band as U,L (xtuner's order).")] = None
     rs_threshold_lower: Annotated[str | None, typer.Option(
-        "--rs-threshold-lower", help="verl-0.7.0 / 0.6.1: RS lower bound L.")] = None
+        "--rs-threshold-lower", metavar="L", help="verl-0.7.0 / 0.6.1: RS lower bound L.")] = None
     veto_threshold: Annotated[str | None, typer.Option(
-        "--veto-threshold", help="verl-0.7.0 / 0.6.x: V (0.6.0 default 1e-4; none = off); xtuner: U,L.")] = None
+        "--veto-threshold", metavar="V",
+        help="verl-0.7.0 / 0.6.x: V (0.6.0 default 1e-4; none = off); xtuner: U,L.")] = None
     mask_dtype: Annotated[MaskDtype | None, typer.Option(
         "--mask-dtype", help="Older families: the trainer's mask dtype (bool = exact means).")] = None
 
@@ -226,7 +231,7 @@ def bundled(*bundles: type) -> Callable[[F], F]:
 def parse_columns(pairs: list[str]) -> dict[str, str]:
     """`--column ROLE=NAME` values as a role → column mapping."""
     from mismatch_cli.batch import ROLES
-    from mismatch_cli.errors import UsageError
+    from mismatch_cli.errors import UsageError, did_you_mean
 
     columns: dict[str, str] = {}
     for pair in pairs:
@@ -235,7 +240,8 @@ def parse_columns(pairs: list[str]) -> dict[str, str]:
         if not sep or not name.strip():
             raise UsageError(f"--column expects ROLE=NAME, got '{pair}'", hint="e.g. --column response_mask=loss_mask")
         if role not in ROLES:
-            raise UsageError(f"--column: unknown role '{role}'", hint=f"roles are {', '.join(ROLES)}")
+            raise UsageError(f"--column: unknown role '{role}'",
+                             hint=did_you_mean(role, ROLES, f"roles are {', '.join(ROLES)}", "--column {}=" + name))
         if role in columns and columns[role] != name.strip():
             raise UsageError(f"--column {role} given twice ({columns[role]} and {name.strip()})",
                              hint=f"keep one --column {role}=NAME")
@@ -263,13 +269,22 @@ def parse_by(values: list[str]) -> tuple[str, ...]:
 
 
 ConfigPathOpt = Annotated[
-    Path | None, typer.Option("--config", help="TOML file with a [correction] table (verl field names).")
+    Path | None, typer.Option("--config", metavar="FILE",
+                              help="TOML file with a [correction] table (verl field names).")
 ]
+
+
+def refuse_without(flag: str, given: bool, needs: str, present: bool) -> None:
+    """Refuse `flag` when it was given but the flag it only matters with (`needs`) was not."""
+    from mismatch_cli.errors import UsageError
+
+    if given and not present:
+        raise UsageError(f"{flag} does nothing without {needs}", hint=f"add {needs}, or drop {flag}")
 
 
 def csv_table_flag(output_format: ReportFormat, table: str | None) -> str | None:
     """`--table`, checked against the report's table names; only meaningful with `--format csv`."""
-    from mismatch_cli.errors import UsageError
+    from mismatch_cli.errors import UsageError, did_you_mean
     from mismatch_cli.report import TABLES
 
     if table is None:
@@ -277,5 +292,6 @@ def csv_table_flag(output_format: ReportFormat, table: str | None) -> str | None
     if output_format is not ReportFormat.csv:
         raise UsageError(f"--table {table} needs --format csv", hint=f"add --format csv (or drop --table {table})")
     if table not in TABLES:
-        raise UsageError(f"--table: no table '{table}'", hint=f"use one of {', '.join(TABLES)}")
+        raise UsageError(f"--table: no table '{table}'",
+                         hint=did_you_mean(table, TABLES, f"use one of {', '.join(TABLES)}", "--table {}"))
     return table

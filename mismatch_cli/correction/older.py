@@ -11,7 +11,7 @@ from typing import Any
 
 from mismatch_cli.correction.model import FamilySpec, RatioBlockSpec, VetoSpec
 from mismatch_cli.correction.parse import nonzero_upper, pair, plain_number, positive_number, require_rs_threshold
-from mismatch_cli.errors import ConfigError
+from mismatch_cli.errors import ConfigError, did_you_mean
 
 VERL_OLD = ("verl-0.7.0", "verl-0.6.1")
 XTUNER = ("xtuner", "xtuner-2025-12")
@@ -157,10 +157,12 @@ def _verl_060(fields: dict[str, Any]) -> FamilySpec:
     mode = fields.get("rollout_is_mode", "truncate")
     if level not in ("token", "sequence", "geometric"):
         raise ConfigError(f"Invalid rollout_is_level: {level}. Must be 'token', 'sequence', or 'geometric'.",
-                          hint='set rollout_is_level to "token", "sequence" or "geometric"')
+                          hint=did_you_mean(str(level), ("token", "sequence", "geometric"),
+                                            'set rollout_is_level to "token", "sequence" or "geometric"'))
     if mode not in ("truncate", "mask"):
         raise ConfigError(f"Invalid rollout_is_mode: {mode}. Must be 'truncate' or 'mask'.",
-                          hint="'both' is xtuner's: use semantics xtuner")
+                          hint="'both' is xtuner's: use semantics xtuner" if mode == "both" else
+                          did_you_mean(str(mode), ("truncate", "mask"), "use truncate or mask"))
     upper = plain_number("rollout_is_threshold", threshold, "verl-0.6.0")
     lower_value = fields.get("rollout_is_threshold_lower")
     if lower_value is not None:
@@ -187,10 +189,12 @@ def _xtuner(family: str, fields: dict[str, Any]) -> FamilySpec:
     mode = fields.get("rollout_is_mode", "truncate")
     if level not in ("token", "sequence", "geometric"):
         raise ConfigError(f"Invalid rollout_is_level: {level}. Must be 'token', 'sequence', or 'geometric'.",
-                          hint='set rollout_is_level to "token", "sequence" or "geometric"')
+                          hint=did_you_mean(str(level), ("token", "sequence", "geometric"),
+                                            'set rollout_is_level to "token", "sequence" or "geometric"'))
     if mode not in ("truncate", "mask", "both"):
         raise ConfigError(f"Invalid rollout_is_mode: {mode}. Must be 'truncate', 'mask', or 'both'.",
-                          hint='set rollout_is_mode to "truncate", "mask" or "both"')
+                          hint=did_you_mean(str(mode), ("truncate", "mask", "both"),
+                                            'set rollout_is_mode to "truncate", "mask" or "both"'))
     upper, lower = threshold
     if not upper > lower:
         raise ConfigError(

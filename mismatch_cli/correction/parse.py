@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from mismatch_cli.correction.model import RS_OPTIONS, IsThreshold, RsOption
-from mismatch_cli.errors import ConfigError
+from mismatch_cli.errors import ConfigError, did_you_mean
 from mismatch_cli.numbers import THRESHOLD_HINT, parse_band, parse_number, split_specs
 
 IS_THRESHOLD_HINT = "give a number such as 2.0 (TIS) or a band L_U such as 0.5_5.0 (IcePop)"
@@ -61,7 +61,7 @@ def parse_rs_options(rollout_rs: Any) -> list[str]:
     for option in options:
         if option not in RS_OPTIONS:
             raise ConfigError(
-                f"Invalid rollout_rs option: {option}. Must be one of {sorted(RS_OPTIONS)}.",
+                f"Invalid rollout_rs option: {option}. Must be one of {', '.join(sorted(RS_OPTIONS))}.",
                 hint=_old_rs_hint(option),
             )
         if option not in unique:
@@ -75,7 +75,7 @@ def _old_rs_hint(option: str) -> str:
             f"'{option}' is the verl <= 0.7.0 RS API, removed in verl 0.7.1; use seq_mean_k1 (geometric), "
             "seq_sum_k1 (sequence) or token_k1 (token)"
         )
-    return "see `mismatch presets` for valid configurations"
+    return did_you_mean(option, sorted(RS_OPTIONS), "see `mismatch presets` for valid configurations")
 
 
 def require_rs_threshold(spec: Any) -> None:

@@ -25,7 +25,7 @@ from mismatch_cli.correction.parse import (
     positive_number,
     require_rs_threshold,
 )
-from mismatch_cli.errors import ConfigError
+from mismatch_cli.errors import ConfigError, did_you_mean
 
 VERL_DEFAULTS: dict[str, Any] = {
     "rollout_is": None,
@@ -103,7 +103,8 @@ def get_preset(name: str) -> Preset:
     if not isinstance(name, str) or name not in PRESETS:
         raise ConfigError(
             f"unknown preset '{name}'",
-            hint="run `mismatch presets` for the 19 verl presets",
+            hint=did_you_mean(str(name), PRESETS, "run `mismatch presets` for the 19 verl presets",
+                              "{} (run `mismatch presets` for all 19)"),
         )
     return PRESETS[name]
 

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..batch import Batch
 from ..errors import InputError
-from ..guard import raise_pending
+from ..guard import hold_for_test, raise_pending
 from .aliases import ROLE_ALIASES, check_options, resolve_roles
 from .detect import FORMAT_NAMES, detect_format
-from .discover import FORMATS, InputFile, discover_inputs, sha256_file
+from .discover import FORMATS, InputFile, discover_inputs, discovery_warnings, sha256_file
 from .options import ReadOptions
 from .parquet import read_parquet
 
@@ -31,6 +31,7 @@ __all__ = [
     "ReadOptions",
     "detect_format",
     "discover_inputs",
+    "discovery_warnings",
     "iter_batches",
     "read_nemo_rl",
     "read_parquet",
@@ -84,9 +85,11 @@ def iter_batches(files: Sequence[InputFile], options: ReadOptions, workers: int 
     else:
         batches = (batch for file in files for batch in _read_file(file.path, file.format, options))
     try:
-        for batch in batches:
+        for index, batch in enumerate(batches):
             raise_pending()  # a signal whose exception a library swallowed stops the read here
             yield batch
+            if index == 0:
+                hold_for_test()
     finally:
         batches.close()  # stops the read-ahead threads now
 

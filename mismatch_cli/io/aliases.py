@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..batch import ROLES
-from ..errors import InputError, UsageError
+from ..errors import InputError, UsageError, did_you_mean
 from .options import ReadOptions
 
 # First match wins; the comments name the framework that writes each spelling (SPEC §2.1).
@@ -88,30 +88,33 @@ def resolve_roles(
     check_options(options)
     present = set(available)
     resolved: dict[str, str | None] = {}
+    problems: list[str] = []  # every role that cannot be read, so that one run shows them all
+    looked: list[str] = []
+    fixes: list[str] = []
     for role in ROLES:
         override = options.columns.get(role)
         if override is not None:
             if override not in present:
-                raise InputError(
-                    f"{noun} {override!r} given by --column {role}={override} is not in {source}; "
-                    f"available {noun}s: {format_available(available)}",
-                    hint=f"pick one of the available {noun}s with --column {role}=NAME",
-                )
+                problems.append(f"no {noun} {override!r} (given by --column {role}={override})")
+                close = did_you_mean(override, available, spelled=f"--column {role}={{}}")
+                fixes.append(close or f"pick one of the available {noun}s with --column {role}=NAME")
             resolved[role] = override
             continue
         match = next((name for name in ROLE_ALIASES[role] if name in present), None)
-        if match is None:
-            if role == "response_mask" and options.no_mask:
-                resolved[role] = None
-                continue
-            hint = f"name the {noun} with --column {role}=NAME"
-            if role == "response_mask":
-                hint += ", or pass --no-mask to treat every token as trained on"
-            raise InputError(
-                f"no {role} {noun} in {source} (looked for {', '.join(ROLE_ALIASES[role])}); "
-                f"available {noun}s: {format_available(available)}",
-                hint=hint,
-            )
-        resolved[role] = match
+        if match is None and role == "response_mask" and options.no_mask:
+            resolved[role] = None
+        elif match is None:
+            problems.append(f"no {role} {noun}")
+            looked.append(f"{role}: looked for {', '.join(ROLE_ALIASES[role])}")
+            fix = f"--column {role}=NAME" + (" (or --no-mask to train on every token)"
+                                               if role == "response_mask" else "")
+            fixes.append(f"map it with {fix}")
+        else:
+            resolved[role] = match
+    if problems:
+        what = ", ".join(problems[:-1]) + " and " + problems[-1] if len(problems) > 1 else problems[0]
+        detail = f" ({'; '.join(looked)})" if looked else ""
+        raise InputError(f"{what} in {source}{detail}; available {noun}s: {format_available(available)}",
+                         hint="; ".join(fixes))
     _refuse_shared(resolved, options, source)
     return resolved

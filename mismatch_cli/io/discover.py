@@ -7,6 +7,7 @@ import hashlib
 import os
 import re
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ FORMATS = {".parquet": "parquet", ".safetensors": "safetensors"}
 _HASH_BLOCK = 8 * 1024 * 1024
 _GLOB_CHARS = frozenset("*?[")
 _DUMP_EXTENSIONS = frozenset({*FORMATS, *(e for exts in FORCED_EXTENSIONS.values() for e in exts)})
+_TABLE_EXTENSIONS = frozenset({".csv", ".tsv", ".xlsx"})
 _LOOKED_FOR = (
     "*.parquet, *.safetensors, slime train_data/*.pt, NeMo-RL train_data_step*.jsonl or prime-rl "
     "step_*/rank_*.jsonl"
@@ -42,13 +44,20 @@ class InputFile:
     """One input file: its path as the user will see it, its format, its size in bytes, and notes.
 
     `format` is one of `parquet`, `safetensors`, `slime`, `nemo-rl`, `prime-rl`. `notes` are
-    warnings found while discovering it (e.g. a prime-rl step folder without its STABLE marker).
+    warnings found while discovering it (e.g. a prime-rl step folder without its STABLE marker);
+    `skipped` says what the folder it was found in held besides dumps (on the folder's first file).
     """
 
     path: str
     format: str
     bytes: int
     notes: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+
+
+def discovery_warnings(files: Sequence[InputFile]) -> list[str]:
+    """The warnings discovering `files` raised: what folders held besides dumps, then each file's notes."""
+    return [*(line for f in files for line in f.skipped), *(f"{f.path}: {note}" for f in files for note in f.notes)]
 
 
 def _natural(component: str) -> list[str | int]:
@@ -88,13 +97,15 @@ def _walk_candidate(path: str, forced: str | None) -> tuple[str, str | None] | N
     return None
 
 
-def _walk(directory: str, forced: str | None) -> list[tuple[str, str]]:
-    """Every dump below `directory` as (path, format), skipping hidden files and folders (e.g. macOS `._x`).
+def _walk(directory: str, forced: str | None) -> tuple[list[tuple[str, str]], str | None]:
+    """Every dump below `directory` as (path, format), and a note naming the files it skipped, if any.
 
-    A slime rollout-side dump is left out when the walk also finds train-side dumps (the rollout
-    side has no trainer log-probs); alone, it is kept so that reading it says why it is refused.
+    Hidden files and folders (e.g. macOS `._x`) are skipped without a word. A slime rollout-side dump
+    is left out when the walk also finds train-side dumps (the rollout side has no trainer
+    log-probs); alone, it is kept so that reading it says why it is refused.
     """
     found: list[tuple[str, str, str | None]] = []
+    skipped: list[str] = []
 
     def unreadable(exc: OSError) -> None:
         raise explain_os_error(exc, exc.filename or directory)  # a folder skipped silently would be a misread
@@ -108,16 +119,36 @@ def _walk(directory: str, forced: str | None) -> list[tuple[str, str]]:
             candidate = _walk_candidate(path, forced)
             if candidate is not None:
                 found.append((path, *candidate))
+            else:
+                skipped.append(os.path.splitext(f)[1].lower() or "(no extension)")
     if any(kind in ("train", "legacy-train") for _, _, kind in found):
         found = [item for item in found if item[2] != "rollout"]
     found.sort(key=lambda item: _sort_key(item[0], directory))
-    return [(path, fmt) for path, fmt, _ in found]
+    return [(path, fmt) for path, fmt, _ in found], skipped_note(directory, skipped)
+
+
+def skipped_note(directory: str, extensions: list[str]) -> str | None:
+    """One line naming what a folder walk skipped, by extension: `skipped 3 files (2 .csv, 1 .md) in DIR`."""
+    if not extensions:
+        return None
+    counts = sorted(Counter(extensions).items(), key=lambda item: (-item[1], item[0]))
+    files = "file" if len(extensions) == 1 else "files"
+    return (f"skipped {len(extensions)} {files} ({', '.join(f'{n} {ext}' for ext, n in counts)}) in {directory}: "
+            "not dumps")
 
 
 def _file_format(path: str, forced: str | None) -> str:
     if forced is not None:
         return forced
     fmt = detect_format(path)
+    if fmt is None and os.path.splitext(path)[1].lower() in _TABLE_EXTENSIONS:
+        raise InputError(
+            f"{path} is a {os.path.splitext(path)[1][1:].upper()} table, not a dump: a dump holds each sequence's "
+            "per-token log-probs and mask, which a flat table cannot",
+            hint="write the trainer's tensors as parquet or safetensors (docs/formats.md; `mismatch_cli.write_dump` "
+            "from Python), or `mismatch convert` a slime / NeMo-RL / prime-rl dump; a steps.csv / groups.csv "
+            "mismatch wrote is a result: analyze the dump it came from",
+        )
     if fmt is None:
         raise InputError(
             f"cannot tell the format of {path}: expected a parquet, safetensors, slime train dump (.pt), "
@@ -138,7 +169,8 @@ def _glob_format(path: str, forced: str | None) -> str | None:
     return None
 
 
-def _expand(arg: str, forced: str | None) -> list[tuple[str, str]]:
+def _expand(arg: str, forced: str | None) -> tuple[list[tuple[str, str]], list[str]]:
+    """The (path, format) pairs one argument names, and notes on the files its folders held but were skipped."""
     try:
         os.stat(arg)
     except FileNotFoundError:
@@ -147,24 +179,27 @@ def _expand(arg: str, forced: str | None) -> list[tuple[str, str]]:
     except OSError as exc:
         raise explain_os_error(exc, arg) from None  # a link loop, a name too long, permission denied...
     if os.path.isdir(arg):
-        found = _walk(arg, forced)
+        found, skipped = _walk(arg, forced)
         if not found:
             looked_for = ", ".join("*" + e for e in FORCED_EXTENSIONS[forced]) if forced else _LOOKED_FOR
             raise InputError(
                 f"no dump file under directory {arg} (looked for {looked_for})",
                 hint="point at the folder that holds the dumps, or name the files",
             )
-        return found
+        return found, [skipped] if skipped else []
     if os.path.isfile(arg):
         check_file(arg)
-        return [(arg, _file_format(arg, forced))]
+        return [(arg, _file_format(arg, forced))], []
     if os.path.exists(arg):
         raise InputError(f"expected a file or directory, got {arg}", hint="name a regular file or a folder")
     if _GLOB_CHARS & set(arg):
         matches: list[tuple[str, str]] = []
+        notes: list[str] = []
         for match in sorted(glob.glob(arg, recursive=True)):
             if os.path.isdir(match):
-                matches.extend(_walk(match, forced))
+                walked, skipped = _walk(match, forced)
+                matches.extend(walked)
+                notes.extend([skipped] if skipped else [])
             elif os.path.isfile(match):
                 fmt = _glob_format(match, forced)
                 if fmt is not None:
@@ -174,7 +209,7 @@ def _expand(arg: str, forced: str | None) -> list[tuple[str, str]]:
                 f"pattern {arg} matched no dump file",
                 hint="check the pattern (quote it so the shell does not expand it; use ** for subfolders)",
             )
-        return matches
+        return matches, notes
     scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", arg)
     if scheme is not None:  # http://, file://, a typo such as s4://: not a local path that happens to be missing
         raise UsageError(f"cannot read {arg}: unknown scheme {scheme.group(1)}://",
@@ -200,7 +235,8 @@ def discover_inputs(args: Sequence[str], input_format: str | None = None) -> lis
                     seen.add(uri)
                     inputs.append(InputFile(path=uri, format=fmt, bytes=size))
             continue
-        for path, fmt in _expand(arg, forced):
+        expanded, skipped = _expand(arg, forced)
+        for path, fmt in expanded:
             real = os.path.realpath(path)
             if real in seen:
                 continue
@@ -210,7 +246,8 @@ def discover_inputs(args: Sequence[str], input_format: str | None = None) -> lis
             except OSError as exc:
                 raise explain_os_error(exc, path) from None
             notes = prime_notes(path) if fmt == "prime-rl" else ()
-            inputs.append(InputFile(path=path, format=fmt, bytes=size, notes=notes))
+            inputs.append(InputFile(path=path, format=fmt, bytes=size, notes=notes, skipped=tuple(skipped)))
+            skipped = []  # said once, on the argument's first file
     return inputs
 
 

@@ -3,7 +3,7 @@ presets and metrics at 80 and 120 columns.
 
 After an intended change to what a command prints, regenerate the snapshots with
 
-    MISMATCH_UPDATE_GOLDEN=1 python -m pytest -q tests/golden
+    MISMATCH_UPDATE_GOLDEN=1 python -m pytest tests/golden
 
 and review the diff of `tests/golden/snapshots/` before committing it.
 """
@@ -64,7 +64,7 @@ def test_output_matches_snapshot(name: str, width: int) -> None:
     assert snapshot.exists(), f"no snapshot {snapshot.name}: run MISMATCH_UPDATE_GOLDEN=1 python -m pytest tests/golden"
     assert output == snapshot.read_text(), (
         f"{name} at {width} columns differs from {snapshot.name}; if the change is intended, run "
-        "MISMATCH_UPDATE_GOLDEN=1 python -m pytest -q tests/golden and review the diff")
+        "MISMATCH_UPDATE_GOLDEN=1 python -m pytest tests/golden and review the diff")
 
 
 @pytest.mark.parametrize("width", [80, 120])

@@ -68,8 +68,11 @@ def test_discovery_errors(tmp_path):
         discover_inputs([str(tmp_path / "missing.parquet")])
     assert err.value.exit_code == 3 and "fix:" in str(err.value)
     csv = _touch(tmp_path / "data.csv")
-    with pytest.raises(InputError, match=r"cannot tell the format of .*data.csv: expected a parquet"):
+    with pytest.raises(InputError, match=r"data.csv is a CSV table, not a dump.*fix: write .* as parquet"):
         discover_inputs([csv])
+    other = _touch(tmp_path / "data.bin")
+    with pytest.raises(InputError, match=r"cannot tell the format of .*data.bin: expected a parquet"):
+        discover_inputs([other])
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match=r"under directory .*empty"):
         discover_inputs([str(tmp_path / "empty")])
