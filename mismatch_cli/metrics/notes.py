@@ -49,8 +49,7 @@ def explain(key: str, value: Any, metrics: Mapping[str, Any], interval: Sequence
     off = _ratio_off(metrics)
     if name in ("chi2_token", "chi2_seq") and value < 0:
         if off:
-            return ("negative: the mean ratio is below 1 (E[ratio²] - 1 >= 0 needs a mean ratio of 1), so "
-                    "probability mass is missing on the rollout side")
+            return "negative: only a token ratio mean below 1 allows it (see the ratio mean)"
         return "negative: a mean ratio a hair below 1 (float32 residue, noise); read 0"
     if name in ("k3_kl", "mismatch_k3_kl") and value < 0:
         return "negative: float32 rounding (k3 >= 0 on every token); read 0"
@@ -60,7 +59,7 @@ def explain(key: str, value: Any, metrics: Mapping[str, Any], interval: Sequence
         return "negative: sampling noise around 0 (k1 estimates a KL, which is >= 0)"
     if name == "ratio_mean" and value < 1:
         if off:
-            return f"below 1: {100 * (1 - value):.2g} % of the probability mass is missing on the rollout side"
+            return "below 1 beyond noise: not the distribution the tokens were sampled from"
     if name == "prob_abs_diff_mean" and PROB_DIFF_NORMAL < value <= PROB_DIFF_PROBLEM:
         return "in band, but above the 0.005 that verl's FAQ calls normal: watch it"
     if interval is not None and len(interval) >= 2 and interval[0] < 0 < interval[1]:
