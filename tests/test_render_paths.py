@@ -187,7 +187,8 @@ def test_no_table_cuts_a_number_beside_a_long_path(long_named_report: Report, wi
         counts[n] for n in ("nonfinite_tokens", "sentinel_tokens", "positive_logprob_tokens", "one_side_zero_tokens")]]
     # Worst sequences: every number of every shown rank, gathered over the blocks, equals the JSON's value.
     for entry in (e for e in report.worst_sequences if e["rank"] <= 5):
-        label = {"abs_mean_log_ratio": "|mean d|", "max_abs_log_ratio": "max |d|"}[entry["criterion"]]
+        label = {"abs_mean_log_ratio": "|mean d|", "max_abs_log_ratio": "max |d|",
+                 "max_log_ratio": "max d"}[entry["criterion"]]
         name = f"{label} #{entry['rank']} "
         found = [line[len(name):].split() for line in _table(lines, "Worst sequences") if line.startswith(name)]
         assert found and all(cells[0].endswith(f":{entry['row']}") for cells in found), found

@@ -8,8 +8,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
 from mismatch_cli.correction.model import RS_OPTIONS, IsThreshold, RsOption
 from mismatch_cli.errors import ConfigError, did_you_mean
 from mismatch_cli.numbers import THRESHOLD_HINT, parse_band, parse_number, split_specs
@@ -194,4 +192,6 @@ def threshold_log(value: float) -> float:
     """log of a threshold as upstream computes it (a float32 tensor); -inf for 0."""
     if not value > 0:
         return -math.inf
+    import numpy as np  # here, not at import: `mismatch --help` must not load numpy (tests/test_cli.py)
+
     return float(np.log(np.float32(value)))
