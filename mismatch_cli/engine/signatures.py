@@ -113,10 +113,7 @@ class SignaturesAccumulator(Accumulator):
         excess = chunk.log_ratio.clamp(max=RATIO_CAP_LOG).expm1_()  # min(ratio, e) - 1, exact near 0
         s.add("ratio_excess", excess)
         s.add("ratio_excess_sq", excess.mul_(excess))
-        tail = chunk.old < -TAIL_NATS
-        ratio = chunk.rollout[tail].div_(chunk.old[tail]).mul_(SLOPE_BINS / SLOPE_RANGE)
-        index = ratio.clamp_(0, SLOPE_BINS - 1).to(torch.int64)
-        self.tail_slopes += torch.bincount(index, minlength=SLOPE_BINS).to(F64)
+        self.tail_slopes += _tail_slopes(chunk.old, chunk.rollout)
         if chunk.old.device.type == "cpu":
             self._host_sums(chunk)
         else:
@@ -136,10 +133,9 @@ class SignaturesAccumulator(Accumulator):
         starts = np.cumsum(lengths) - lengths  # an empty row's start is the next row's (or N)
         index = _host_octaves(chunk.log_ratio.numpy(), cpu)
         sums = self.buckets
-        exp_abs = scratch("signatures_exp_abs", n, torch.float64, cpu).numpy()
-        np.copyto(exp_abs, magnitude)
-        with np.errstate(over="ignore"):  # inf, as NeMo-RL's metric gives
-            np.exp(exp_abs, out=exp_abs)
+        exp_abs = scratch("signatures_exp_abs", n, chunk.old.dtype, cpu).numpy()
+        with np.errstate(over="ignore"):  # inf past the dtype's range, as NeMo-RL's float32 metric gives
+            np.exp(magnitude, out=exp_abs)
         for row, weights in enumerate((None, chunk.ratio_safe_sq.numpy(), chunk.ratio_safe.numpy(), exp_abs)):
             found = np.bincount(index, weights=weights, minlength=2 * NUM_BUCKETS)
             sums[row] += torch.from_numpy(found.astype(np.float64, copy=False))
@@ -191,7 +187,7 @@ class SignaturesAccumulator(Accumulator):
         self.buckets[0] += torch.bincount(index, minlength=size).to(F64)
         self.buckets[1] += torch.bincount(index, weights=chunk.ratio_safe_sq.to(F64), minlength=size)
         self.buckets[2] += torch.bincount(index, weights=chunk.ratio_safe.to(F64), minlength=size)
-        self.buckets[3] += torch.bincount(index, weights=torch.exp(chunk.abs_log_ratio.to(F64)), minlength=size)
+        self.buckets[3] += torch.bincount(index, weights=torch.exp(chunk.abs_log_ratio).to(F64), minlength=size)
         s.add("bitwise_equal", old == rollout)
         continues = ~_row_starts(chunk)[1:-1]  # [N - 1]: token t + 1 continues token t's row
         far = chunk.abs_log_ratio > FILL_LOG_RATIO
@@ -277,6 +273,20 @@ def values(table: dict[str, Any]) -> dict[str, float]:
         "ratio_mean": mean,
         "ratio_mean_se": error,
     }
+
+
+def _tail_slopes(old: torch.Tensor, rollout: torch.Tensor) -> torch.Tensor:
+    """Histogram (float64, SLOPE_BINS) of rollout / old over the tokens with old < -TAIL_NATS."""
+    scale = SLOPE_BINS / SLOPE_RANGE
+    if old.device.type == "cpu":  # numpy's index gather: ~4x torch's boolean mask on one thread
+        o, r = old.numpy(), rollout.numpy()
+        where = np.flatnonzero(o < -TAIL_NATS)
+        ratio = np.divide(r[where], o[where])
+        np.clip(np.multiply(ratio, ratio.dtype.type(scale), out=ratio), 0, SLOPE_BINS - 1, out=ratio)
+        return torch.from_numpy(np.bincount(ratio.astype(np.int64), minlength=SLOPE_BINS).astype(np.float64))
+    tail = old < -TAIL_NATS
+    ratio = rollout[tail].div_(old[tail]).mul_(scale).clamp_(0, SLOPE_BINS - 1)
+    return torch.bincount(ratio.to(torch.int64), minlength=SLOPE_BINS).to(F64)
 
 
 def temperature_estimate(table: dict[str, Any], slope: float, quantile: float = 0.999) -> float:
