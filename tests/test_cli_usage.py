@@ -171,3 +171,21 @@ def test_the_readme_installs_cpu_torch_before_the_package():
     block = install.split("```bash", 1)[1].split("```", 1)[0]
     assert "pip install torch" in block and "pip install -e ." in block
     assert block.index("pip install torch") < block.index("pip install -e .")
+
+
+def test_a_mistyped_by_column_gets_the_closest_one(tmp_path):
+    dump = write_dump(tmp_path / "d.parquet", [[-1.0]], [[-1.1]], [[1]])
+    message = assert_error(invoke("analyze", dump, "--by", "respons_mask", "--device", "cpu"), 3,
+                           "no column 'respons_mask'", "available columns:", "did you mean --by response_mask?")
+    assert "['" not in message
+    # far from every name: the plain fix, no guess
+    message = assert_error(invoke("analyze", dump, "--by", "zzz", "--device", "cpu"), 3, "fix: use one of")
+    assert "did you mean" not in message
+
+
+def test_a_mistyped_rule_column_names_the_rule_and_the_closest_one():
+    from mismatch_cli.errors import MissingGroupError
+
+    error = MissingGroupError("env_nme", "d.parquet", ["uid", "env_name"]).asked_by("the rule kl[env_nme]<1")
+    assert "asked for by the rule kl[env_nme]<1" in str(error) and "did you mean env_name?" in str(error)
+    assert "drop the rule kl[env_nme]<1" in str(error)
