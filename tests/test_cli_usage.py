@@ -189,3 +189,24 @@ def test_a_mistyped_rule_column_names_the_rule_and_the_closest_one():
     error = MissingGroupError("env_nme", "d.parquet", ["uid", "env_name"]).asked_by("the rule kl[env_nme]<1")
     assert "asked for by the rule kl[env_nme]<1" in str(error) and "did you mean env_name?" in str(error)
     assert "drop the rule kl[env_nme]<1" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "needles"),
+    [
+        ("d.parquet", ["--layout", "packed"], ["--layout packed does nothing for a parquet dump",
+                                               "fix: drop --layout"]),
+        ("d.parquet", ["--format", "parquet", "--layout", "padded"], ["--layout padded", "drop --layout"]),
+        ("d.safetensors", ["--steps", "3"], ["--steps 3 does nothing for a safetensors dump", "fix: drop --steps"]),
+        ("d.bin", ["--format", "safetensors", "--steps", "1"], ["--steps 1", "drop --steps"]),
+    ],
+    ids=["layout-parquet", "layout-format-parquet", "steps-safetensors", "steps-format-safetensors"],
+)
+def test_synth_refuses_a_flag_that_does_nothing_for_the_format(tmp_path, name, args, needles):
+    assert_error(invoke("synth", tmp_path / name, "--tokens", "500", *args), 2, *needles)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_synth_takes_the_flags_of_its_format(tmp_path):
+    assert_ok(invoke("synth", tmp_path / "p.safetensors", "--tokens", "500", "--layout", "packed", "-q"))
+    assert_ok(invoke("synth", tmp_path / "s.parquet", "--tokens", "500", "--steps", "2", "-q"))
