@@ -30,10 +30,12 @@ def small_dump(tmp_path) -> Path:
         (["analyze", "x.parquet", "--is-treshold", "2"], ["no option --is-treshold", "did you mean --is-threshold?"]),
         (["analyze"], ["missing argument DUMP...", "mismatch analyze --help"]),
         (["analyz", "x"], ["no command 'analyz'", "did you mean `mismatch analyze`?"]),
-        (["analyze", "x.parquet", "--is"], ["--is needs a value"]),
+        (["analyze", "x.parquet", "--is"], ["--is needs a value", "(see `mismatch analyze --help`)"]),
+        (["synth", "x.parquet", "--tokens"], ["--tokens needs a value", "(see `mismatch synth --help`)"]),
         (["convert", "x.parquet"], ["missing option --output"]),
     ],
     ids=["bad-choice", "input-format", "unknown-option", "missing-argument", "unknown-command", "no-value",
+         "no-value-synth",
          "missing-option"],
 )
 def test_typer_usage_errors_are_one_line_of_ours(args, needles):
