@@ -39,11 +39,15 @@ class InputError(MismatchError):
 class MissingGroupError(InputError):
     """An input lacks the column a `--by COLUMN` (or a rule over COLUMN) groups by (exit 3)."""
 
-    def __init__(self, column: str, source: str, available: str, noun: str = "column", asked_by: str = "") -> None:
-        self.column, self.source, self.available, self.noun = column, source, available, noun
+    def __init__(self, column: str, source: str, available: Sequence[str], noun: str = "column",
+                 asked_by: str = "") -> None:
+        self.column, self.source, self.available, self.noun = column, source, list(available), noun
         asked_by = asked_by or f"--by {column}"
-        super().__init__(f"no {noun} {column!r} (asked for by {asked_by}) in {source}; available {noun}s: {available}",
-                         hint=f"use one of the available {noun}s, or drop {asked_by}")
+        # A flag is fixed by a flag (`did you mean --by step?`), a rule by the name to write in it.
+        close = did_you_mean(column, self.available, spelled="--by {}" if asked_by.startswith("--by") else "{}")
+        fix = f"{close} (or drop {asked_by})" if close else f"use one of the available {noun}s, or drop {asked_by}"
+        super().__init__(f"no {noun} {column!r} (asked for by {asked_by}) in {source}; available {noun}s: "
+                         f"{format_available(self.available)}", hint=fix)
 
     def asked_by(self, what: str) -> MissingGroupError:
         """The same error, naming what asked for the column (a rule rather than a flag)."""
@@ -58,6 +62,18 @@ class BreachError(MismatchError):
     """A metric broke a threshold (exit 1)."""
 
     exit_code = 1
+
+
+_MAX_LISTED = 30
+
+
+def format_available(available: Sequence[str]) -> str:
+    """The available names as one short, readable list."""
+    if not available:
+        return "(none)"
+    shown = ", ".join(available[:_MAX_LISTED])
+    more = len(available) - _MAX_LISTED
+    return f"{shown}, … (+{more} more)" if more > 0 else shown
 
 
 def close_names(name: str, known: Iterable[str], count: int = 1) -> list[str]:

@@ -30,10 +30,12 @@ def small_dump(tmp_path) -> Path:
         (["analyze", "x.parquet", "--is-treshold", "2"], ["no option --is-treshold", "did you mean --is-threshold?"]),
         (["analyze"], ["missing argument DUMP...", "mismatch analyze --help"]),
         (["analyz", "x"], ["no command 'analyz'", "did you mean `mismatch analyze`?"]),
-        (["analyze", "x.parquet", "--is"], ["--is needs a value"]),
+        (["analyze", "x.parquet", "--is"], ["--is needs a value", "(see `mismatch analyze --help`)"]),
+        (["synth", "x.parquet", "--tokens"], ["--tokens needs a value", "(see `mismatch synth --help`)"]),
         (["convert", "x.parquet"], ["missing option --output"]),
     ],
     ids=["bad-choice", "input-format", "unknown-option", "missing-argument", "unknown-command", "no-value",
+         "no-value-synth",
          "missing-option"],
 )
 def test_typer_usage_errors_are_one_line_of_ours(args, needles):
@@ -171,3 +173,42 @@ def test_the_readme_installs_cpu_torch_before_the_package():
     block = install.split("```bash", 1)[1].split("```", 1)[0]
     assert "pip install torch" in block and "pip install -e ." in block
     assert block.index("pip install torch") < block.index("pip install -e .")
+
+
+def test_a_mistyped_by_column_gets_the_closest_one(tmp_path):
+    dump = write_dump(tmp_path / "d.parquet", [[-1.0]], [[-1.1]], [[1]])
+    message = assert_error(invoke("analyze", dump, "--by", "respons_mask", "--device", "cpu"), 3,
+                           "no column 'respons_mask'", "available columns:", "did you mean --by response_mask?")
+    assert "['" not in message
+    # far from every name: the plain fix, no guess
+    message = assert_error(invoke("analyze", dump, "--by", "zzz", "--device", "cpu"), 3, "fix: use one of")
+    assert "did you mean" not in message
+
+
+def test_a_mistyped_rule_column_names_the_rule_and_the_closest_one():
+    from mismatch_cli.errors import MissingGroupError
+
+    error = MissingGroupError("env_nme", "d.parquet", ["uid", "env_name"]).asked_by("the rule kl[env_nme]<1")
+    assert "asked for by the rule kl[env_nme]<1" in str(error) and "did you mean env_name?" in str(error)
+    assert "drop the rule kl[env_nme]<1" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "needles"),
+    [
+        ("d.parquet", ["--layout", "packed"], ["--layout packed does nothing for a parquet dump",
+                                               "fix: drop --layout"]),
+        ("d.parquet", ["--format", "parquet", "--layout", "padded"], ["--layout padded", "drop --layout"]),
+        ("d.safetensors", ["--steps", "3"], ["--steps 3 does nothing for a safetensors dump", "fix: drop --steps"]),
+        ("d.bin", ["--format", "safetensors", "--steps", "1"], ["--steps 1", "drop --steps"]),
+    ],
+    ids=["layout-parquet", "layout-format-parquet", "steps-safetensors", "steps-format-safetensors"],
+)
+def test_synth_refuses_a_flag_that_does_nothing_for_the_format(tmp_path, name, args, needles):
+    assert_error(invoke("synth", tmp_path / name, "--tokens", "500", *args), 2, *needles)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_synth_takes_the_flags_of_its_format(tmp_path):
+    assert_ok(invoke("synth", tmp_path / "p.safetensors", "--tokens", "500", "--layout", "packed", "-q"))
+    assert_ok(invoke("synth", tmp_path / "s.parquet", "--tokens", "500", "--steps", "2", "-q"))

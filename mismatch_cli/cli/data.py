@@ -34,6 +34,17 @@ def _whole(text: str, flag: str) -> int:
     return parse_integer(text, flag, -(2**63), 2**63 - 1, hint=f"give {flag} a whole number, e.g. {flag} 4")
 
 
+def _refuse_idle_flags(file_format: SynthFormat, layout: SynthLayout | None, steps: str | None) -> None:
+    """A flag the chosen format ignores is refused rather than silently dropped (`--layout` on parquet)."""
+    if file_format is SynthFormat.parquet and layout is not None:
+        raise UsageError(f"--layout {layout.value} does nothing for a parquet dump: only safetensors has layouts",
+                         hint="drop --layout, or write a .safetensors file (or --format safetensors)")
+    if file_format is SynthFormat.safetensors and steps is not None:
+        raise UsageError(f"--steps {steps} does nothing for a safetensors dump: it holds one step",
+                         hint="drop --steps, or write a .parquet file (a step column), or one safetensors file "
+                         "per step")
+
+
 @app.command()
 @guard
 def synth(
@@ -46,11 +57,14 @@ def synth(
     ),
     seed: Annotated[str, typer.Option("--seed", metavar="N", help="Random seed (>= 0).")] = "0",
     file_format: Annotated[SynthFormat | None, typer.Option("--format", help="Default: from the suffix.")] = None,
-    layout: Annotated[SynthLayout, typer.Option("--layout", help="safetensors layout.")] = SynthLayout.padded,
+    layout: Annotated[SynthLayout | None, typer.Option("--layout", help="safetensors layout (default padded).")] = (
+        None
+    ),
     empty_rows: Annotated[
         str, typer.Option("--empty-rows", metavar="F", help="Fraction of all-zero masks, in [0, 1).")
     ] = "0.0",
-    steps: Annotated[str, typer.Option("--steps", metavar="N", help="Spread rows over this many steps.")] = "1",
+    steps: Annotated[str | None, typer.Option("--steps", metavar="N", help="Spread rows over this many steps "
+                                              "(parquet only; default 1).")] = None,
     noise: Annotated[str, typer.Option("--noise", metavar="X", help="Scale of the trainer/inference mismatch "
                                        "(>= 0).")] = "1.0",
     quiet: QuietOpt = False,
@@ -66,10 +80,12 @@ def synth(
                 f"cannot tell the format of '{output}'", hint="use a .parquet/.safetensors name or --format"
             )
         file_format = SynthFormat(suffix[1:])
+    _refuse_idle_flags(file_format, layout, steps)
     # Ranges are checked by SynthSpec; here only the strict reading of each number.
     spec = SynthSpec(tokens=_whole(tokens, "--tokens"), turns=_whole(turns, "--turns"), seed=_whole(seed, "--seed"),
-                     format=file_format.value, layout=layout.value, empty_rows=parse_number(empty_rows, "--empty-rows"),
-                     steps=_whole(steps, "--steps"), noise=parse_number(noise, "--noise"))
+                     format=file_format.value, layout=(layout or SynthLayout.padded).value,
+                     empty_rows=parse_number(empty_rows, "--empty-rows"),
+                     steps=_whole("1" if steps is None else steps, "--steps"), noise=parse_number(noise, "--noise"))
     summary = write_synthetic_dump(output, spec)
     note(quiet, f"wrote {summary.path}: {summary.sequences} sequences, {summary.tokens} response tokens")
 

@@ -100,6 +100,16 @@ class MismatchCommand(TyperCommand):
             if desc.is_choice:
                 param.metavar = "|".join(str(getattr(c, "value", c)) for c in desc.choices or ())
 
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        """Typer's parser raises "--is requires an argument" without a context: give it this command's, so
+        that the fix points to `mismatch analyze --help` rather than `mismatch --help`."""
+        try:
+            return super().parse_args(ctx, args)
+        except TyperError as exc:
+            if getattr(exc, "ctx", None) is None:
+                exc.ctx = ctx  # type: ignore[attr-defined]
+            raise
+
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         """The usage line: `[OPTIONS] DUMP...`, optional arguments in brackets."""
         pieces = [self.options_metavar] if self.options_metavar else []

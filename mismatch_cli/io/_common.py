@@ -177,9 +177,8 @@ def check_lengths(
 def missing_group(column: str, source: str, available: list[str], noun: str = "column") -> InputError:
     """The error for a `--by COLUMN` that the file does not have."""
     from ..errors import MissingGroupError
-    from .aliases import format_available
 
-    return MissingGroupError(column, source, format_available(available), noun)
+    return MissingGroupError(column, source, available, noun)
 
 
 def group_labels(values: np.ndarray, where: str = "", first_row: int = 0) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..batch import ROLES
-from ..errors import InputError, UsageError, did_you_mean
+from ..errors import InputError, UsageError, did_you_mean, format_available
 from .options import ReadOptions
 
 # First match wins; the comments name the framework that writes each spelling (SPEC §2.1).
@@ -36,8 +36,6 @@ ROLE_ALIASES: dict[str, tuple[str, ...]] = {
         "completion_mask",
     ),
 }
-
-_MAX_LISTED = 30
 
 
 def check_options(options: ReadOptions) -> None:
@@ -70,15 +68,6 @@ def _refuse_shared(resolved: dict[str, str | None], options: ReadOptions, source
                 f"roles {' and '.join(roles)} would both read column {name!r}{where} (from {given})",
                 hint="map each role to its own column with --column ROLE=NAME",
             )
-
-
-def format_available(available: Sequence[str]) -> str:
-    """The available names as one short, readable list."""
-    if not available:
-        return "(none)"
-    shown = ", ".join(available[:_MAX_LISTED])
-    more = len(available) - _MAX_LISTED
-    return f"{shown}, … (+{more} more)" if more > 0 else shown
 
 
 def resolve_roles(
