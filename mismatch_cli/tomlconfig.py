@@ -94,6 +94,12 @@ CORRECTION_FIELDS: dict[str, str] = {
     "rollout_is_threshold_lower": "number",
     "rollout_is_veto_threshold": "threshold",  # verl 0.6.0: a number; xtuner: (upper, lower)
     "rollout_is_mask_threshold": "threshold",
+    # TRL 1.16.0's GRPOConfig (semantics trl)
+    "vllm_importance_sampling_correction": "bool",
+    "vllm_importance_sampling_mode": "string",
+    "vllm_importance_sampling_clip_max": "number",
+    "vllm_importance_sampling_clip_min": "number",
+    "vllm_importance_sampling_cap": "number",
 }
 CHECK_FIELDS: dict[str, str] = {"fail_on": "rules", "fail-on": "rules", "baseline": "string", "missing": "string"}
 TABLES: dict[str, dict[str, str]] = {"correction": CORRECTION_FIELDS, "check": CHECK_FIELDS}

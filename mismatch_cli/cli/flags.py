@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from mismatch_cli.cli.options import CorrectionFlags, IsLevel
-from mismatch_cli.correction import FAMILIES, VERL_FAMILIES, CorrectionConfig, config_from_sources, family_of, resolve
+from mismatch_cli.correction import (
+    FAMILIES,
+    VERL_FAMILIES,
+    CorrectionConfig,
+    config_from_sources,
+    family_of,
+    resolve,
+    settings_from_pairs,
+)
 from mismatch_cli.correction.parse import pair, plain_number
 from mismatch_cli.errors import MismatchError, UsageError
 from mismatch_cli.numbers import NONE_WORDS, threshold_value
@@ -36,6 +44,7 @@ FLAG_FIELDS: dict[str, dict[str, str]] = {
 }
 FLAG_FIELDS["verl-0.6.1"] = FLAG_FIELDS["verl-0.7.0"]
 FLAG_FIELDS["xtuner-2025-12"] = FLAG_FIELDS["xtuner"]
+FLAG_FIELDS["trl"] = {}  # TRL's fields come by their own names only: --set FIELD=VALUE
 FLAG_FIELDS["verl-0.8"] = {flag: field for flag, field in FLAG_FIELDS["verl-0.7.1"].items() if flag != "--mask-dtype"}
 VERL_FLAGS = ("--is", "--is-threshold", "--is-batch-normalize", "--rs", "--rs-threshold", "--k1-bounds", "--preset")
 PAIR_FLAGS = ("--is-threshold", "--is-mask-threshold", "--veto-threshold")  # xtuner's (upper, lower) tuples
@@ -129,6 +138,7 @@ def correction_from_flags(config_file: Path | None, flags: CorrectionFlags) -> C
         fields = family_fields_from_flags(family, given)
         if flags.is_level is IsLevel.none:
             fields["rollout_is"] = None
+    fields.update(settings_from_pairs(flags.settings or [], family))  # --set: the trainer's own field names
     config = config_from_sources(table, fields, semantics, flags.preset, origin=str(config_file))
     try:
         resolved = resolve(config)  # errors come before any input is read

@@ -63,6 +63,7 @@ class Semantics(str, enum.Enum):
     verl_060 = "verl-0.6.0"
     xtuner = "xtuner"
     xtuner_2025_12 = "xtuner-2025-12"
+    trl = "trl"
 
 
 class MaskDtype(str, enum.Enum):
@@ -177,6 +178,8 @@ class CorrectionFlags:
         help="verl-0.7.0 / 0.6.x: V (0.6.0 default 1e-4; none = off); xtuner: U,L.")] = None
     mask_dtype: Annotated[MaskDtype | None, typer.Option(
         "--mask-dtype", help="Older families: the trainer's mask dtype (bool = exact means).")] = None
+    settings: Annotated[list[str] | None, typer.Option("--set", metavar="FIELD=VALUE", help="A trainer setting "
+                                                       "by its own field name (repeatable).")] = None
 
     def given(self) -> bool:
         """Whether any correction flag was given on the command line."""

@@ -19,6 +19,7 @@ from mismatch_cli.correction.config import (
     presets_table,
     resolve,
     resolve_family,
+    settings_from_pairs,
 )
 from mismatch_cli.correction.model import (
     FAMILIES,
@@ -31,6 +32,7 @@ from mismatch_cli.correction.model import (
     RatioBlockSpec,
     ResolvedCorrection,
     RsOption,
+    TrlSpec,
     VetoSpec,
 )
 from mismatch_cli.correction.older import older_presets
@@ -40,8 +42,8 @@ from mismatch_cli.correction.verl import PRESETS, PRESETS_071, VERL_DEFAULTS, Pr
 __all__ = [
     "CONFIG_FIELDS", "FAMILIES", "FAMILY_FIELDS", "IS_LEVELS", "PRESETS", "PRESETS_071", "RS_OPTIONS", "SAFETY_BOUND",
     "UNSET", "VERL_DEFAULTS", "VERL_FAMILIES", "CorrectionConfig", "FamilySpec", "IsThreshold", "Preset",
-    "RatioBlockSpec", "ResolvedCorrection", "RsOption", "VetoSpec", "build_config",
+    "RatioBlockSpec", "ResolvedCorrection", "RsOption", "TrlSpec", "VetoSpec", "build_config",
     "config_from_sources", "family_of", "field_home", "get_preset",
     "older_presets", "parse_is_threshold", "parse_rs_options", "parse_rs_thresholds", "presets_table", "resolve",
-    "resolve_family", "threshold_log",
+    "resolve_family", "settings_from_pairs", "threshold_log",
 ]

@@ -12,6 +12,7 @@ from typing import Any
 from mismatch_cli.correction.model import FAMILIES, VERL_FAMILIES, ResolvedCorrection
 from mismatch_cli.correction.older import OLDER_FIELDS, XTUNER, expand_preset, older_presets, resolve_older
 from mismatch_cli.correction.parse import positive_number
+from mismatch_cli.correction.trl import TRL_FIELDS, resolve_trl
 from mismatch_cli.correction.verl import (
     PRESETS,
     PRESETS_071,
@@ -22,13 +23,14 @@ from mismatch_cli.correction.verl import (
     resolve_071,
     resolve_verl,
 )
-from mismatch_cli.errors import ConfigError
+from mismatch_cli.errors import ConfigError, UsageError, did_you_mean
 from mismatch_cli.numbers import NONE_WORDS
-from mismatch_cli.tomlconfig import check_fields
+from mismatch_cli.tomlconfig import CORRECTION_FIELDS, check_fields
 
 # The upstream fields each family accepts (its `[correction]` table takes them verbatim).
 FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
-    family: VERL_FIELDS if family in (*VERL_FAMILIES, "verl-0.7.1") else OLDER_FIELDS[family] for family in FAMILIES
+    family: VERL_FIELDS if family in (*VERL_FAMILIES, "verl-0.7.1") else {**OLDER_FIELDS, "trl": TRL_FIELDS}[family]
+    for family in FAMILIES
 }
 CONFIG_FIELDS = VERL_FIELDS  # CorrectionConfig's own fields (verl's names)
 
@@ -106,6 +108,34 @@ def build_config(overrides: dict[str, Any], preset: str | None = None, semantics
     return CorrectionConfig(preset=preset or overrides.get("preset") or None, semantics=semantics, **fields)
 
 
+def settings_from_pairs(pairs: list[str], family: str) -> dict[str, Any]:
+    """`FIELD=VALUE` settings as a family's upstream fields, typed as its `[correction]` table's.
+
+    Values stay text except booleans: the `[correction]` table's checks read numbers and "none" from text.
+    """
+    allowed = FAMILY_FIELDS[family]
+    fields: dict[str, Any] = {}
+    for pair_text in pairs:
+        name, sep, value = pair_text.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not name:
+            raise ConfigError(f"expected FIELD=VALUE, got {pair_text!r}",
+                              hint=f"e.g. {allowed[0]}=...; semantics {family} takes {', '.join(allowed)}")
+        if name not in allowed:
+            close = did_you_mean(name, allowed)
+            raise ConfigError(f"unknown field {name} for semantics {family}",
+                              hint=f"{close + ' ' if close else ''}semantics {family} takes {', '.join(allowed)}")
+        typed: Any = value.lower() == "true" if CORRECTION_FIELDS.get(name) == "bool" and value.lower() in (
+            "true", "false") else value
+        try:
+            check_fields({name: typed}, f"semantics {family}:")
+        except UsageError as error:
+            error.hint = f"{error.hint}; semantics {family} takes {', '.join(allowed)}"
+            raise
+        fields[name] = typed
+    return fields
+
+
 def family_of(table: dict[str, Any], semantics: str | None, origin: str) -> str:
     """The family a `[correction]` table and an explicit `semantics` name (the explicit one wins)."""
     family = semantics if semantics is not None else str(table.get("semantics", "verl"))
@@ -170,6 +200,9 @@ def resolve_family(family: str, fields: dict[str, Any]) -> tuple[ResolvedCorrect
     """Validate a family's upstream fields as its code does; return what the engine needs and the config."""
     # TOML has no null: "none" / "null" switch a field off (verl 0.6.0's veto is on by default).
     fields = {k: None if isinstance(v, str) and v.strip().lower() in NONE_WORDS else v for k, v in fields.items()}
+    if family == "trl":  # a replayed trainer: its own keys only (docs/trl-semantics.md)
+        spec, effective = resolve_trl(fields)
+        return ResolvedCorrection(None, None, False, trl=spec, replay=True), {"semantics": family, **effective}
     mask_dtype = _mask_dtype(family, fields.pop("mask_dtype", None))
     _check_family(family, fields)
     if family in VERL_FAMILIES:

@@ -27,7 +27,8 @@ RS_OPTIONS: tuple[str, ...] = (
 TOKEN_RS_OPTIONS = frozenset({"token_k1", "token_k2", "token_k3"})
 IS_LEVELS = ("token", "sequence")
 
-FAMILIES = ("verl", "verl-0.8", "verl-0.7.1", "verl-0.7.0", "verl-0.6.1", "verl-0.6.0", "xtuner", "xtuner-2025-12")
+FAMILIES = ("verl", "verl-0.8", "verl-0.7.1", "verl-0.7.0", "verl-0.6.1", "verl-0.6.0", "xtuner", "xtuner-2025-12",
+            "trl")
 # Families that take verl's `algorithm.rollout_correction` fields as CorrectionConfig fields (the others:
 # `family_fields`).
 VERL_FAMILIES = ("verl", "verl-0.8")
@@ -124,6 +125,16 @@ class FamilySpec:
 
 
 @dataclass(frozen=True)
+class TrlSpec:
+    """TRL's vLLM importance-sampling correction as resolved (docs/trl-semantics.md): mode and bounds."""
+
+    level: str  # token | sequence (the sequence log-ratio is the row's sum, unclamped)
+    bound: str  # truncate (clamp the ratio) | mask (zero a ratio outside [clip_min, clip_max])
+    clip_min: float | None
+    clip_max: float | None
+
+
+@dataclass(frozen=True)
 class ResolvedCorrection:
     """A validated configuration: what the engine needs, nothing more."""
 
@@ -136,6 +147,8 @@ class ResolvedCorrection:
     # verl 0.8 counts rollout_is_seq_fraction_high/low on the applied (truncated) per-sequence mean
     # weight; verl 0.9.0 (PR #6806) switched to the raw one.
     seq_fraction_weights: str = "raw"
+    trl: TrlSpec | None = None  # TRL's correction and its `sampling/*` keys, in place of verl's keys
+    replay: bool = False  # a replayed trainer (TRL): its own keys only, none of verl's
 
     @property
     def asymmetric_k1(self) -> tuple[RsOption, ...]:

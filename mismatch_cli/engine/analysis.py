@@ -26,6 +26,7 @@ from mismatch_cli.engine.protocol import (
 from mismatch_cli.engine.rejection import RejectionAccumulator
 from mismatch_cli.engine.rounds import RoundsAccumulator
 from mismatch_cli.engine.signatures import SignaturesAccumulator
+from mismatch_cli.engine.trl import TrlAccumulator
 from mismatch_cli.engine.whatif import WhatIfAccumulator
 from mismatch_cli.engine.worst import WorstSequences
 
@@ -75,7 +76,9 @@ class BatchAccumulator:
         # An older family (verl <= 0.7.1, xtuner) reports verl's off-policy keys under its own names (or
         # not at all), and replaces verl 0.9's IS keys with its own blocks.
         self.family = FamilyAccumulator(correction.family_spec, device) if correction.family_spec is not None else None
-        self.offpolicy = OffPolicyAccumulator(device) if self.family is None else None
+        # A replayed trainer (TRL) reports its own keys only.
+        self.trl = TrlAccumulator(correction.trl, device) if correction.trl is not None else None
+        self.offpolicy = OffPolicyAccumulator(device) if self.family is None and not correction.replay else None
         self.diagnostics = DiagnosticsAccumulator(device)
         # The what-if ladder and the worst sequences (the overall batch needs them; per-step ones may not).
         self.what_if = WhatIfAccumulator(correction.k1_bounds, device) if extras else None
@@ -89,8 +92,8 @@ class BatchAccumulator:
         )
         self.rounds = RoundsAccumulator(device) if rounds else None
         # Update order: the deciders (IS, RS, the older family) before the accumulators reading their decisions.
-        ordered = (self.importance, self.rejection, self.family, self.offpolicy, self.diagnostics, self.what_if,
-                   self.worst, self.signatures, self.bootstrap, self.rounds)
+        ordered = (self.importance, self.rejection, self.family, self.trl, self.offpolicy, self.diagnostics,
+                   self.what_if, self.worst, self.signatures, self.bootstrap, self.rounds)
         self.accumulators: list[Accumulator] = [a for a in ordered if a is not None]
         check_order(self.accumulators)
 
@@ -145,7 +148,9 @@ class BatchAccumulator:
             result.notes.append("no valid token: xtuner reports valid = 0, +-inf extrema (null here) and an "
                                 "infinite ESS for such a pack, and its merge skips the pack")
             return result
-        for key in OFFPOLICY_KEYS:
+        if self.trl is not None:  # TRL logs numbers for a batch without a token (0.0, and weight 1 per row)
+            result.metrics.update({k: finite_or_none(v) for k, v in self.trl.compute().family.items()})
+        for key in OFFPOLICY_KEYS if not self.correction.replay else ():
             result.metrics[VERL_PREFIX + key] = None
         diag = self.diagnostics.values()
         for key in ("sequences", "valid_tokens", "empty_rows", "nonfinite_tokens", "sentinel_tokens"):

@@ -46,6 +46,9 @@ class Chunk:
     sequence_ids: np.ndarray | None = None  # [B] id column values, when the dump has one
     steps: np.ndarray | None = None  # [B] training step per row, when known
     layout: Layout | None = None  # where the valid tokens and rounds sit among the positions (device)
+    # The raw positions (old, rollout, mask; device, input dtype) for a family that reads every masked-in
+    # token whatever its value, as TRL does (a NaN rollout log-prob is a weight of 1 there, not an exclusion).
+    positions: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
     # Per-row sums already taken, by the id of the per-token tensor (kept alive with it).
     _row_sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
     _totals: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
@@ -55,6 +58,19 @@ class Chunk:
         """The chunk's rounds (maximal runs of 1s in each row's mask)."""
         assert self.layout is not None
         return self.layout.runs()
+
+    @cached_property
+    def masked(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every masked-in token (mask 1, any value, sentinels and non-finite ones included), contiguous per row.
+
+        (old, rollout) in the compute dtype, and the tokens per row (int64 [B]).
+        """
+        assert self.positions is not None and self.layout is not None
+        old, rollout, mask = self.positions
+        row_positions = self.layout.offsets[1:] - self.layout.offsets[:-1]
+        lengths = segment_count(mask, row_positions)
+        index = flag_indices(mask, self.quality["masked_tokens"])
+        return take(old, index).to(self.old.dtype), take(rollout, index).to(self.old.dtype), lengths
 
     @property
     def num_rows(self) -> int:
@@ -286,6 +302,7 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype) -> Chunk:
     rollout = _tensor(batch.rollout_log_probs, device)
     mask_np = batch.response_mask.astype(bool, copy=False)
     mask = _tensor(mask_np, device)
+    positions = (old, rollout, mask)
     offsets = _tensor(batch.offsets.astype(np.int64, copy=False), device)
     if device.type == "cpu":  # the same expressions, on numpy's faster CPU kernels
         keep_np, flags_np = _quality_flags(batch.old_log_probs, batch.rollout_log_probs, mask_np)
@@ -315,6 +332,7 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype) -> Chunk:
         sequence_ids=batch.sequence_ids,
         steps=batch.steps,
         layout=layout,
+        positions=positions,
     )
 
 

@@ -1,0 +1,79 @@
+"""TRL 1.16.0's vLLM importance-sampling correction: its `GRPOConfig` fields, defaults and checks.
+
+The formulas (weights per mode, the five `sampling/*` keys) live in `engine/trl.py`; the semantics,
+with the upstream file, method and line numbers, in docs/trl-semantics.md. Here is the data: TRL's
+field names and defaults, how `GRPOConfig.__post_init__` resolves and refuses them, and the
+`TrlSpec` the engine reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mismatch_cli.correction.model import TrlSpec
+from mismatch_cli.errors import ConfigError, did_you_mean
+from mismatch_cli.numbers import parse_number
+
+# GRPOConfig's fields of the correction (trl/trainer/grpo_config.py at 1.16.0) and their defaults.
+TRL_DEFAULTS: dict[str, Any] = {
+    "vllm_importance_sampling_correction": True,
+    "vllm_importance_sampling_mode": "sequence_mask",
+    "vllm_importance_sampling_clip_max": 3.0,
+    "vllm_importance_sampling_clip_min": None,
+    "vllm_importance_sampling_cap": None,  # deprecated: overwrites clip_max when set
+}
+TRL_FIELDS = tuple(TRL_DEFAULTS)
+TRL_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+NUMBER_FIELDS = ("vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min",
+                 "vllm_importance_sampling_cap")
+# Where the correction is written upstream, for the registry and the report's notes.
+TRL_SOURCE = "trl/trainer/grpo_trainer.py:GRPOTrainer._generate_and_score_completions (TRL 1.16.0)"
+
+
+def _bound(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be a number or none, got {value!r}", hint=f"write {name}=3.0 or {name}=none")
+    return parse_number(value, name, f"write {name}=3.0 or {name}=none")
+
+
+def resolve_trl(fields: dict[str, Any]) -> tuple[TrlSpec | None, dict[str, Any]]:
+    """The fields as `GRPOConfig` resolves and checks them, and what the engine computes (None: correction off)."""
+    unknown = [k for k in fields if k not in TRL_FIELDS]
+    if unknown:
+        close = did_you_mean(unknown[0], TRL_FIELDS)
+        raise ConfigError(f"{', '.join(unknown)} not understood by semantics trl",
+                          hint=f"{close + ' ' if close else ''}semantics trl takes {', '.join(TRL_FIELDS)}")
+    values = {**TRL_DEFAULTS, **fields}
+    for name in NUMBER_FIELDS:
+        values[name] = _bound(name, values[name])
+    switch = values["vllm_importance_sampling_correction"]
+    if isinstance(switch, str) and switch.strip().lower() in ("true", "false"):
+        values["vllm_importance_sampling_correction"] = switch.strip().lower() == "true"
+    if not isinstance(values["vllm_importance_sampling_correction"], bool):
+        raise ConfigError("vllm_importance_sampling_correction must be true or false, "
+                          f"got {values['vllm_importance_sampling_correction']!r}",
+                          hint="write vllm_importance_sampling_correction=true")
+    if values["vllm_importance_sampling_cap"] is not None:  # GRPOConfig: the deprecated cap overwrites clip_max
+        values["vllm_importance_sampling_clip_max"] = values["vllm_importance_sampling_cap"]
+    mode = values["vllm_importance_sampling_mode"]
+    low, high = values["vllm_importance_sampling_clip_min"], values["vllm_importance_sampling_clip_max"]
+    if low is not None and high is not None and low >= high:
+        raise ConfigError(f"vllm_importance_sampling_clip_min ({low}) must be less than "
+                          f"vllm_importance_sampling_clip_max ({high}).",
+                          hint="give clip_min below clip_max, or none for no lower bound")
+    if isinstance(mode, str) and mode.endswith("_truncate") and low is None and high is None:
+        raise ConfigError("At least one of `vllm_importance_sampling_clip_min` or `vllm_importance_sampling_clip_max` "
+                          "must be set when `vllm_importance_sampling_mode` is a `*_truncate` mode.",
+                          hint="set vllm_importance_sampling_clip_max (TRL's default is 3.0)")
+    if mode not in TRL_MODES:
+        # GRPOConfig accepts any name; the ratio block refuses it with this message when it first runs.
+        raise ConfigError(f"Unknown vLLM importance sampling level: {mode}. Possible values are 'token_truncate', "
+                          "'token_mask', 'sequence_truncate', and 'sequence_mask'.",
+                          hint=did_you_mean(str(mode), TRL_MODES, f"use one of {', '.join(TRL_MODES)}"))
+    effective = {k: v for k, v in values.items() if k != "vllm_importance_sampling_cap"}
+    if not values["vllm_importance_sampling_correction"]:
+        return None, effective
+    level, bound = mode.split("_")
+    return TrlSpec(level=level, bound=bound, clip_min=low, clip_max=high), effective
