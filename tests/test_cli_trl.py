@@ -1,0 +1,58 @@
+"""`--semantics trl` through the command line: `--set FIELD=VALUE`, the `[correction]` table, exit 2 on bad fields."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from helpers import REFERENCE, close
+from typer.testing import CliRunner
+
+from mismatch_cli.cli import app
+
+CASES = {c["name"]: c for c in json.loads((REFERENCE / "trl_parity_cases.json").read_text())["cases"]}
+
+
+def _dump(case: dict, folder: Path) -> Path:
+    table = pa.table({name: pa.array(case[key], type=pa.list_(pa.float64())) for name, key in (
+        ("old_log_probs", "old_log_prob"), ("rollout_log_probs", "rollout_log_prob"),
+        ("response_mask", "response_mask"))})
+    path = folder / "case.parquet"
+    pq.write_table(table, path)
+    return path
+
+
+def _keys(output: str) -> dict:
+    return {k: v for k, v in json.loads(output)["metrics"].items() if k.startswith("sampling/")}
+
+
+@pytest.mark.parametrize("name", ["token_truncate_band", "sequence_mask_min_only", "deprecated_cap"])
+def test_set_and_config_table_match_trl(name: str, tmp_path: Path) -> None:
+    case = CASES[name]
+    dump = _dump(case, tmp_path)
+    settings = [f"{k}={'none' if v is None else v}" for k, v in case["settings"].items()]
+    flags = [arg for s in settings for arg in ("--set", s)]
+    result = CliRunner().invoke(app, ["analyze", str(dump), "--semantics", "trl", *flags, "--dtype", "float64",
+                                      "--format", "json", "--bootstrap", "0", "-q"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    config = tmp_path / "mismatch.toml"
+    config.write_text("[correction]\nsemantics = \"trl\"\n" + "".join(
+        f"{k} = {json.dumps('none' if v is None else v)}\n" for k, v in case["settings"].items()))
+    from_table = CliRunner().invoke(app, ["analyze", str(dump), "--config", str(config), "--dtype", "float64",
+                                          "--format", "json", "--bootstrap", "0", "-q"], catch_exceptions=False)
+    assert from_table.exit_code == 0, from_table.output
+    for output in (result.stdout, from_table.stdout):
+        ours = _keys(output)
+        assert all(close(ours[k], v, 1e-9, 1e-12) for k, v in case["fp64"]["metrics"].items())
+
+
+@pytest.mark.parametrize("setting", ["vllm_importance_sampling_clip_mx=2", "vllm_importance_sampling_clip_max=abc",
+                                     "vllm_importance_sampling_correction=maybe", "novalue"])
+def test_bad_setting_exits_2_naming_the_fields(setting: str, tmp_path: Path) -> None:
+    dump = _dump(CASES["defaults"], tmp_path)
+    result = CliRunner().invoke(app, ["analyze", str(dump), "--semantics", "trl", "--set", setting])
+    assert result.exit_code == 2
+    assert "vllm_importance_sampling_mode" in result.output
