@@ -56,3 +56,18 @@ def test_bad_setting_exits_2_naming_the_fields(setting: str, tmp_path: Path) -> 
     result = CliRunner().invoke(app, ["analyze", str(dump), "--semantics", "trl", "--set", setting])
     assert result.exit_code == 2
     assert "vllm_importance_sampling_mode" in result.output
+
+
+def test_the_report_and_the_screen_name_trls_effective_fields(tmp_path: Path) -> None:
+    runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1", "TERM": "dumb"})
+    dump = _dump(next(iter(CASES.values())), tmp_path)
+    result = runner.invoke(app, ["analyze", str(dump), "--semantics", "trl", "--format", "json", "--bootstrap", "0"])
+    assert result.exit_code == 0, result.output
+    config = json.loads(result.stdout)["config"]
+    # GRPOConfig's defaults at 1.16.0 (docs/trl-semantics.md): sequence_mask, clip_max 3.0, no clip_min.
+    assert config["vllm_importance_sampling_mode"] == "sequence_mask"
+    assert config["vllm_importance_sampling_clip_max"] == 3.0 and config["vllm_importance_sampling_clip_min"] is None
+    screen = runner.invoke(app, ["analyze", str(dump), "--semantics", "trl", "--set",
+                                 "vllm_importance_sampling_mode=token_truncate", "--bootstrap", "0"]).stdout
+    assert "correction: vllm_importance_sampling_mode=token_truncate, vllm_importance_sampling_clip_max=3.0" in screen
+    assert "rollout_is_threshold" not in screen

@@ -91,6 +91,8 @@ class CorrectionConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as a JSON-ready mapping."""
+        if self.semantics == "trl":  # the fields as GRPOConfig resolves them, defaults included
+            return resolve_family(self.semantics, dict(self.family_fields))[1]
         if self.semantics not in VERL_FAMILIES:
             return {"semantics": self.semantics, **expand_preset(self.semantics, self.family_fields)}
         return {"semantics": self.semantics, "preset": self.preset, **self.verl_fields}

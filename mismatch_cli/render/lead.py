@@ -21,6 +21,7 @@ from mismatch_cli.report import Report
 
 # The metrics shown under "Key metrics", when present, in this order (the health checks come first).
 KEY_METRICS = (
+    "sampling/importance_sampling_ratio/mean", "sampling/sampling_logp_difference/mean",  # --semantics trl
     "rollout_corr/kl", "rollout_corr/k3_kl", "rollout_corr/chi2_token", "rollout_corr/chi2_seq",
     "rollout_corr/ppl_ratio", "rollout_corr/rollout_is_eff_sample_size", "rollout_corr/rollout_rs_masked_fraction",
     "diag/ess_token", "diag/prob_pearson_corr", "diag/logprob_abs_diff_max",
@@ -97,6 +98,12 @@ def inputs_text(report: Report, width: int | None = None) -> str:
 def correction_text(config: Mapping[str, Any]) -> str:
     """The correction the run applies, in its config fields: a threshold only beside the IS or RS it bounds
     (verl's config always holds rollout_is_threshold=2.0, used only when rollout_is is set)."""
+    if config.get("semantics") == "trl":  # TRL's own fields (docs/trl-semantics.md)
+        if not config.get("vllm_importance_sampling_correction"):
+            return "none (vllm_importance_sampling_correction=false)"
+        fields = ("vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max")
+        bounds = [f"{key}={config[key]}" for key in fields if config.get(key) is not None]
+        return ", ".join([f"vllm_importance_sampling_mode={config.get('vllm_importance_sampling_mode')}", *bounds])
     shown = [key for key in ("preset", "rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold")
              if config.get(key) is not None]
     if "preset" in config:  # the verl families: rollout_is / rollout_rs turn IS / RS on
@@ -106,6 +113,13 @@ def correction_text(config: Mapping[str, Any]) -> str:
     if config.get("rollout_is") is None and config.get("rollout_rs") is None and "preset" in config:
         parts = ["none (metrics only)"]
     return ", ".join(parts) or str(config.get("semantics", "verl")) + " fields"
+
+
+def _short(key: str) -> str:
+    """A key as Key metrics names it: verl's and our prefixes dropped; TRL's `sampling/` keys keep their middle."""
+    if key.startswith("sampling/"):
+        return key[len("sampling/"):]
+    return key.split("/")[-1]
 
 
 def check_mark(check: Mapping[str, Any]) -> str:
@@ -290,7 +304,7 @@ def key_metrics(report: Report) -> tuple[str, list[KeyMetric]]:
     rows = []
     for key in keys:
         interval = report.intervals.get(key)
-        rows.append(KeyMetric(key, key.split("/")[-1], format_value(report.metrics[key]),
+        rows.append(KeyMetric(key, _short(key), format_value(report.metrics[key]),
                               (format_value(interval[0]), format_value(interval[1])) if interval else None,
                               explain(key, report.metrics[key], report.metrics, interval, sequence_level(report))))
     return ("Key metrics (95 % bootstrap interval)" if intervals else "Key metrics"), rows
