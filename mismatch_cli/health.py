@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from mismatch_cli.metrics import Band, aliases_of, lookup
+from mismatch_cli.metrics.catalog import RATIO_MEAN_MIN_Z, ratio_mean_broken, ratio_mean_z
 
 # Every check, in table order; each is the registry's band of that key, also held by the older families'
 # key of the same quantity (`mismatch/mismatch_kl` for `rollout_corr/kl`).
@@ -37,7 +38,6 @@ IS_ESS_KEYS = (IS_ESS, *aliases_of(IS_ESS))
 SEQ_ESS = "diag/ess_seq_kish"  # checked before a correction when the run's correction is sequence-level
 PROB_DIFF, MULT_PROB_ERROR, RATIO_MEAN = "diag/prob_abs_diff_mean", "diag/token_mult_prob_error", "diag/ratio_mean"
 AGREEMENT_CHECKS = (PROB_DIFF, MULT_PROB_ERROR, RATIO_MEAN)
-RATIO_MEAN_MIN_Z = 5.0  # the ratio mean is out of band only this many standard errors from 1
 # The basis of a check's value: what it was computed from.
 RAW = "raw token ratios"
 APPLIED = "the applied IS weights"
@@ -113,9 +113,9 @@ def agreement(metrics: Mapping[str, float | None], few_tokens: Mapping[str, int]
         entry = check(key, float(metrics[key]), LOG_PROBS)  # type: ignore[arg-type]
         if key == RATIO_MEAN:
             error = metrics.get(RATIO_MEAN + "_se")
-            z = abs(entry["value"] - 1.0) / error if _finite(error) and error > 0 else math.inf  # type: ignore
+            z = ratio_mean_z(entry["value"], error)  # type: ignore[arg-type]
             entry["z"] = z if math.isfinite(z) else None
-            entry["ok"] = entry["ok"] or z < RATIO_MEAN_MIN_Z
+            entry["ok"] = not ratio_mean_broken(entry["value"], error)  # type: ignore[arg-type]
             entry["healthy_range"] += f" or < {RATIO_MEAN_MIN_Z:g} SE from 1"
         if not entry["ok"] and (few_tokens or {}).get(key):
             entry["few_tokens"] = int(few_tokens[key])  # type: ignore[index]

@@ -35,6 +35,7 @@ import math
 from typing import Any
 
 from mismatch_cli.findings.model import Finding, percent
+from mismatch_cli.metrics.catalog import ratio_mean_broken, ratio_mean_z
 
 FILL_MIN_FRACTION = 1e-3
 FILL_MIN_TOKENS = 10
@@ -206,10 +207,10 @@ def processed_logprobs(metrics: dict[str, Any], table: dict[str, Any]) -> list[F
     """The rollout side renormalized over a top-p / top-k support: every ratio is the kept mass, below 1."""
     mean, error = _get(metrics, "ratio_mean"), _get(metrics, "ratio_mean_se")
     below = _get(metrics, "log_ratio_neg_fraction")
-    if mean is None or error is None or below is None or not 1.0 - mean >= RATIO_MEAN_TOLERANCE:
+    if mean is None or below is None or not mean < 1.0 or not ratio_mean_broken(mean, error):
         return []
-    z = (1.0 - mean) / error if error > 0 else math.inf
-    if not z >= MIN_Z or below < PROCESSED_MIN_BELOW:
+    z = ratio_mean_z(mean, error)
+    if below < PROCESSED_MIN_BELOW:
         return []
     lowest = _get(metrics, "log_ratio_p001")
     kept_low = math.exp(lowest) if lowest is not None and lowest <= 0 else None

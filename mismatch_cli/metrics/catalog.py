@@ -6,6 +6,8 @@ log-prob of a valid token, ratio = exp(d), a row's log-ratio sum S = Σ d over i
 
 from __future__ import annotations
 
+import math
+
 from mismatch_cli.correction import RS_OPTIONS
 from mismatch_cli.metrics.model import Band, Direction, Family, Metric
 
@@ -30,6 +32,19 @@ MULT_PROB_ERROR_BAND = Band(None, 1.05, "NeMo-RL tests/test_suites/llm/*.sh: a r
                             "train/token_mult_prob_error reaches 1.05")
 RATIO_MEAN_BAND = Band(0.99, 1.01, "E_rollout[pi_train / pi_rollout] = 1 (the importance-sampling identity); "
                        "out of band only when also 5 standard errors from 1 (mismatch)")
+RATIO_MEAN_MIN_Z = 5.0
+
+
+def ratio_mean_z(mean: float, error: float | None) -> float:
+    """How many standard errors the token ratio mean lies from 1 (inf without a positive standard error)."""
+    return abs(mean - 1.0) / error if error is not None and math.isfinite(error) and error > 0 else math.inf
+
+
+def ratio_mean_broken(mean: float, error: float | None) -> bool:
+    """The ratio-mean test: outside RATIO_MEAN_BAND and RATIO_MEAN_MIN_Z standard errors from 1."""
+    return not RATIO_MEAN_BAND.healthy(mean) and ratio_mean_z(mean, error) >= RATIO_MEAN_MIN_Z
+
+
 # ------------------------------------------------------------------ minimal practical differences
 # compare calls a change smaller than these "=" (no practical change), never worse or better; docs/ci.md
 # lists them with their reasons. (amount, relative): relative amounts are a fraction of |base|.

@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mismatch_cli.metrics import lookup
+from mismatch_cli.metrics.catalog import ratio_mean_broken
 
 RATIO_MEAN = "diag/ratio_mean"
-NOISE_Z = 5.0  # as the health check of the ratio mean: closer to 1 than this many standard errors is noise
 PROB_DIFF_NORMAL, PROB_DIFF_PROBLEM = 0.005, 0.01  # verl docs/faq/faq.rst on rollout_probs_diff_mean
 KL_NOISE = 0.1  # verl's KL band: a k1 further below 0 than this is no longer noise around 0
 # A row-level quantity and the token-level key whose band it is read against when it looks out of band.
@@ -32,7 +32,7 @@ def _ratio_off(metrics: Mapping[str, Any]) -> bool | None:
     mean, error = metrics.get(RATIO_MEAN), metrics.get(RATIO_MEAN + "_se")
     if not isinstance(mean, (int, float)) or not isinstance(error, (int, float)) or not error > 0:
         return None
-    return (1.0 - mean) / error >= NOISE_Z and 1.0 - mean >= 0.01
+    return mean < 1.0 and ratio_mean_broken(mean, error)
 
 
 def explain(key: str, value: Any, metrics: Mapping[str, Any], interval: Sequence[float] | None = None,
