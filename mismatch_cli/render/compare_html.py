@@ -53,15 +53,19 @@ def _figures(images: dict[str, bytes], captions: dict[str, str]) -> list[str]:
     return [*parts, "</div>"]
 
 
+def _head(runs: str) -> list[str]:
+    """The document's opening up to <main>, titled by the runs compared."""
+    return ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f"<title>mismatch compare: {escape(runs)}</title>",
+            f"<style>{STYLE}{EXTRA_STYLE}</style></head><body><main>"]
+
+
 def render_compare_html(comparison: Comparison, images: dict[str, bytes]) -> str:
     """The comparison as one HTML document with its plots embedded as data URIs."""
     verdict = comparison.verdict()
     parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>mismatch compare: {escape(comparison.base_label)} vs {escape(comparison.candidate_label)}</title>",
-        f"<style>{STYLE}{EXTRA_STYLE}</style></head><body><main>",
+        *_head(f"{comparison.base_label} vs {comparison.candidate_label}"),
         "<h1>mismatch compare</h1>",
         f'<p class="meta">base (reference): {escape(comparison.base_label)}</p>',
         f'<p class="meta">candidate: {escape(comparison.candidate_label)}</p>',
@@ -111,11 +115,7 @@ def render_runs_html(comparison: RunsComparison, images: dict[str, bytes]) -> st
 
     verdict = comparison.verdict()
     parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>mismatch compare: {escape(', '.join(comparison.labels))}</title>",
-        f"<style>{STYLE}{EXTRA_STYLE}</style></head><body><main>",
+        *_head(", ".join(comparison.labels)),
         f"<h1>mismatch compare: {len(comparison.runs)} runs</h1>",
         *(f'<p class="meta">{escape(run.label)}: {escape(run.source)}</p>' for run in comparison.runs),
         f'<p class="verdict">{escape(verdict)}</p>',
