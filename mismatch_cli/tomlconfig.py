@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mismatch_cli.correction.replay import replay_fields
 from mismatch_cli.errors import UsageError, close_names, did_you_mean
 from mismatch_cli.numbers import check_threshold_text, parse_number
 
@@ -94,13 +95,8 @@ CORRECTION_FIELDS: dict[str, str] = {
     "rollout_is_threshold_lower": "number",
     "rollout_is_veto_threshold": "threshold",  # verl 0.6.0: a number; xtuner: (upper, lower)
     "rollout_is_mask_threshold": "threshold",
-    # TRL 1.16.0's GRPOConfig (semantics trl)
-    "vllm_importance_sampling_correction": "bool",
-    "vllm_importance_sampling_mode": "string",
-    "vllm_importance_sampling_clip_max": "number",
-    "vllm_importance_sampling_clip_min": "number",
-    "vllm_importance_sampling_cap": "number",
 }
+CORRECTION_FIELDS.update(replay_fields())  # each replayed trainer's own fields (correction/replay.py)
 CHECK_FIELDS: dict[str, str] = {"fail_on": "rules", "fail-on": "rules", "baseline": "string", "missing": "string"}
 TABLES: dict[str, dict[str, str]] = {"correction": CORRECTION_FIELDS, "check": CHECK_FIELDS}
 

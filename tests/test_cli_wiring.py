@@ -92,7 +92,7 @@ def test_compare_min_difference_marks_a_small_change_same(stepped) -> None:
 def test_cli_choices_list_what_the_library_knows() -> None:
     # The CLI spells these out (importing the library would slow `--help`); they must not drift apart.
     from mismatch_cli.cli.options import InputFormat, Semantics
-    from mismatch_cli.correction.model import FAMILIES
+    from mismatch_cli.correction import FAMILIES
     from mismatch_cli.io import READERS
     from mismatch_cli.io.detect import FORMAT_NAMES
 

@@ -13,6 +13,7 @@ from typing import Any
 from mismatch_cli.cli.options import CorrectionFlags, IsLevel
 from mismatch_cli.correction import (
     FAMILIES,
+    REPLAY_FAMILIES,
     VERL_FAMILIES,
     CorrectionConfig,
     config_from_sources,
@@ -44,7 +45,7 @@ FLAG_FIELDS: dict[str, dict[str, str]] = {
 }
 FLAG_FIELDS["verl-0.6.1"] = FLAG_FIELDS["verl-0.7.0"]
 FLAG_FIELDS["xtuner-2025-12"] = FLAG_FIELDS["xtuner"]
-FLAG_FIELDS["trl"] = {}  # TRL's fields come by their own names only: --set FIELD=VALUE
+FLAG_FIELDS.update({name: {} for name in REPLAY_FAMILIES})  # a replayed trainer's fields: --set FIELD=VALUE only
 FLAG_FIELDS["verl-0.8"] = {flag: field for flag, field in FLAG_FIELDS["verl-0.7.1"].items() if flag != "--mask-dtype"}
 VERL_FLAGS = ("--is", "--is-threshold", "--is-batch-normalize", "--rs", "--rs-threshold", "--k1-bounds", "--preset")
 PAIR_FLAGS = ("--is-threshold", "--is-mask-threshold", "--veto-threshold")  # xtuner's (upper, lower) tuples

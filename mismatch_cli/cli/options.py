@@ -12,6 +12,7 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
 
+from mismatch_cli.correction import FAMILIES
 from mismatch_cli.thresholds import RULE_HELP
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -52,18 +53,8 @@ class K1Bounds(str, enum.Enum):
     ratio = "ratio"
 
 
-class Semantics(str, enum.Enum):
-    """Which trainer version's correction rules to reproduce."""
-
-    verl = "verl"
-    verl_08 = "verl-0.8"
-    verl_071 = "verl-0.7.1"
-    verl_070 = "verl-0.7.0"
-    verl_061 = "verl-0.6.1"
-    verl_060 = "verl-0.6.0"
-    xtuner = "xtuner"
-    xtuner_2025_12 = "xtuner-2025-12"
-    trl = "trl"
+# Which trainer version's correction rules to reproduce: one choice per family the correction model knows.
+Semantics = enum.Enum("Semantics", {name.replace("-", "_").replace(".", ""): name for name in FAMILIES}, type=str)
 
 
 class MaskDtype(str, enum.Enum):

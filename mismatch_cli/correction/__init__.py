@@ -2,7 +2,7 @@
 
 Layout: `model` (value types the engine reads), `parse` (field values), `verl` (verl 0.9 / 0.8 /
 0.7.1 and verl's presets), `older` (verl 0.7.0 / 0.6.1 / 0.6.0, xtuner), `config` (`CorrectionConfig`,
-`resolve`). Nothing here knows the command line's flags.
+`resolve`), `replay` (the replayed trainers: `trl`, ...). Nothing here knows the command line's flags.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from mismatch_cli.correction.config import (
     settings_from_pairs,
 )
 from mismatch_cli.correction.model import (
-    FAMILIES,
     IS_LEVELS,
     RS_OPTIONS,
     SAFETY_BOUND,
@@ -30,19 +29,21 @@ from mismatch_cli.correction.model import (
     FamilySpec,
     IsThreshold,
     RatioBlockSpec,
+    ReplayFamily,
     ResolvedCorrection,
     RsOption,
-    TrlSpec,
     VetoSpec,
 )
 from mismatch_cli.correction.older import older_presets
 from mismatch_cli.correction.parse import parse_is_threshold, parse_rs_options, parse_rs_thresholds, threshold_log
+from mismatch_cli.correction.replay import CONCEPTS, FAMILIES, REPLAY_FAMILIES, TRAITS
 from mismatch_cli.correction.verl import PRESETS, PRESETS_071, VERL_DEFAULTS, Preset, get_preset
 
 __all__ = [
     "CONFIG_FIELDS", "FAMILIES", "FAMILY_FIELDS", "IS_LEVELS", "PRESETS", "PRESETS_071", "RS_OPTIONS", "SAFETY_BOUND",
     "UNSET", "VERL_DEFAULTS", "VERL_FAMILIES", "CorrectionConfig", "FamilySpec", "IsThreshold", "Preset",
-    "RatioBlockSpec", "ResolvedCorrection", "RsOption", "TrlSpec", "VetoSpec", "build_config",
+    "CONCEPTS", "REPLAY_FAMILIES", "TRAITS",
+    "RatioBlockSpec", "ReplayFamily", "ResolvedCorrection", "RsOption", "VetoSpec", "build_config",
     "config_from_sources", "family_of", "field_home", "get_preset",
     "older_presets", "parse_is_threshold", "parse_rs_options", "parse_rs_thresholds", "presets_table", "resolve",
     "resolve_family", "settings_from_pairs", "threshold_log",

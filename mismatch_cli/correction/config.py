@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mismatch_cli.correction.model import FAMILIES, VERL_FAMILIES, ResolvedCorrection
+from mismatch_cli.correction.model import VERL_FAMILIES, ResolvedCorrection
 from mismatch_cli.correction.older import OLDER_FIELDS, XTUNER, expand_preset, older_presets, resolve_older
 from mismatch_cli.correction.parse import positive_number
-from mismatch_cli.correction.trl import TRL_FIELDS, resolve_trl
+from mismatch_cli.correction.replay import FAMILIES, REPLAY_FAMILIES
 from mismatch_cli.correction.verl import (
     PRESETS,
     PRESETS_071,
@@ -29,7 +29,8 @@ from mismatch_cli.tomlconfig import CORRECTION_FIELDS, check_fields
 
 # The upstream fields each family accepts (its `[correction]` table takes them verbatim).
 FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
-    family: VERL_FIELDS if family in (*VERL_FAMILIES, "verl-0.7.1") else {**OLDER_FIELDS, "trl": TRL_FIELDS}[family]
+    family: VERL_FIELDS if family in (*VERL_FAMILIES, "verl-0.7.1") else {
+        **OLDER_FIELDS, **{name: tuple(f.defaults) for name, f in REPLAY_FAMILIES.items()}}[family]
     for family in FAMILIES
 }
 CONFIG_FIELDS = VERL_FIELDS  # CorrectionConfig's own fields (verl's names)
@@ -91,7 +92,7 @@ class CorrectionConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as a JSON-ready mapping."""
-        if self.semantics == "trl":  # the fields as GRPOConfig resolves them, defaults included
+        if self.semantics in REPLAY_FAMILIES:  # the fields as the trainer resolves them, defaults included
             return resolve_family(self.semantics, dict(self.family_fields))[1]
         if self.semantics not in VERL_FAMILIES:
             return {"semantics": self.semantics, **expand_preset(self.semantics, self.family_fields)}
@@ -202,9 +203,9 @@ def resolve_family(family: str, fields: dict[str, Any]) -> tuple[ResolvedCorrect
     """Validate a family's upstream fields as its code does; return what the engine needs and the config."""
     # TOML has no null: "none" / "null" switch a field off (verl 0.6.0's veto is on by default).
     fields = {k: None if isinstance(v, str) and v.strip().lower() in NONE_WORDS else v for k, v in fields.items()}
-    if family == "trl":  # a replayed trainer: its own keys only (docs/trl-semantics.md)
-        spec, effective = resolve_trl(fields)
-        return ResolvedCorrection(None, None, False, trl=spec, replay=True), {"semantics": family, **effective}
+    if family in REPLAY_FAMILIES:  # a replayed trainer: its own keys only (docs/trainers.md)
+        settings, effective = REPLAY_FAMILIES[family].resolve(fields)
+        return ResolvedCorrection(None, None, False, trainer=settings, replay=True), {"semantics": family, **effective}
     mask_dtype = _mask_dtype(family, fields.pop("mask_dtype", None))
     _check_family(family, fields)
     if family in VERL_FAMILIES:

@@ -1,13 +1,15 @@
 """The correction model's value types: parsed thresholds, what one family computes, the resolved correction.
 
-Plain data only: the families (`verl`, `older`) build these, the engine reads them and never
+Plain data only: the families (`verl`, `older`, the replayed trainers) build these, the engine reads them and never
 branches on a family's name.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 SAFETY_BOUND = 20.0  # verl clamps log-ratios to [-20, 20] before exp
 
@@ -27,8 +29,9 @@ RS_OPTIONS: tuple[str, ...] = (
 TOKEN_RS_OPTIONS = frozenset({"token_k1", "token_k2", "token_k3"})
 IS_LEVELS = ("token", "sequence")
 
-FAMILIES = ("verl", "verl-0.8", "verl-0.7.1", "verl-0.7.0", "verl-0.6.1", "verl-0.6.0", "xtuner", "xtuner-2025-12",
-            "trl")
+# The families mapped onto this correction model; the replayed trainers (correction/replay.py) follow them.
+CORRECTION_FAMILIES = ("verl", "verl-0.8", "verl-0.7.1", "verl-0.7.0", "verl-0.6.1", "verl-0.6.0", "xtuner",
+                       "xtuner-2025-12")
 # Families that take verl's `algorithm.rollout_correction` fields as CorrectionConfig fields (the others:
 # `family_fields`).
 VERL_FAMILIES = ("verl", "verl-0.8")
@@ -125,13 +128,19 @@ class FamilySpec:
 
 
 @dataclass(frozen=True)
-class TrlSpec:
-    """TRL's vLLM importance-sampling correction as resolved (docs/trl-semantics.md): mode and bounds."""
+class ReplayFamily:
+    """A replayed trainer: its fields by its own names, how it resolves them, and how reports name it."""
 
-    level: str  # token | sequence (the sequence log-ratio is the row's sum, unclamped)
-    bound: str  # truncate (clamp the ratio) | mask (zero a ratio outside [clip_min, clip_max])
-    clip_min: float | None
-    clip_max: float | None
+    name: str  # the `semantics` value
+    title: str  # e.g. "TRL 1.16.0 vLLM importance sampling"
+    source: str  # upstream file:function at a version or commit
+    defaults: Mapping[str, Any]  # the trainer's own field names and their defaults
+    kinds: Mapping[str, str]  # each field's TOML kind (tomlconfig.KINDS)
+    resolve: Callable[[dict[str, Any]], tuple[Any, dict[str, Any]]]  # fields -> (settings or None, effective)
+    describe: Callable[[Mapping[str, Any]], str]  # effective fields -> the first screen's correction line
+    lead_keys: tuple[str, ...] = ()  # the keys Key metrics shows first
+    concepts: Mapping[str, str] = field(default_factory=dict)  # replay's row concept -> this trainer's key
+    traits: Mapping[str, str] = field(default_factory=dict)  # sequence / clamp / reduction / threshold, in words
 
 
 @dataclass(frozen=True)
@@ -147,8 +156,10 @@ class ResolvedCorrection:
     # verl 0.8 counts rollout_is_seq_fraction_high/low on the applied (truncated) per-sequence mean
     # weight; verl 0.9.0 (PR #6806) switched to the raw one.
     seq_fraction_weights: str = "raw"
-    trl: TrlSpec | None = None  # TRL's correction and its `sampling/*` keys, in place of verl's keys
-    replay: bool = False  # a replayed trainer (TRL): its own keys only, none of verl's
+    # A replayed trainer's resolved settings (its class picks the accumulator in engine/replay.py); None when the
+    # trainer logs nothing for this configuration.
+    trainer: Any = None
+    replay: bool = False  # a replayed trainer: its own keys only, none of verl's
 
     @property
     def asymmetric_k1(self) -> tuple[RsOption, ...]:

@@ -2,17 +2,30 @@
 
 The formulas (weights per mode, the five `sampling/*` keys) live in `engine/trl.py`; the semantics,
 with the upstream file, method and line numbers, in docs/trl-semantics.md. Here is the data: TRL's
-field names and defaults, how `GRPOConfig.__post_init__` resolves and refuses them, and the
-`TrlSpec` the engine reads.
+field names and defaults, how `GRPOConfig.__post_init__` resolves and refuses them, the `TrlSpec`
+the engine reads, and the family as semantics `trl` knows it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from mismatch_cli.correction.model import TrlSpec
+from mismatch_cli.correction.model import ReplayFamily
 from mismatch_cli.errors import ConfigError, did_you_mean
 from mismatch_cli.numbers import parse_number
+
+
+@dataclass(frozen=True)
+class TrlSpec:
+    """TRL's vLLM importance-sampling correction as resolved (docs/trl-semantics.md): mode and bounds."""
+
+    level: str  # token | sequence (the sequence log-ratio is the row's sum, unclamped)
+    bound: str  # truncate (clamp the ratio) | mask (zero a ratio outside [clip_min, clip_max])
+    clip_min: float | None
+    clip_max: float | None
+
 
 # GRPOConfig's fields of the correction (trl/trainer/grpo_config.py at 1.16.0) and their defaults.
 TRL_DEFAULTS: dict[str, Any] = {
@@ -77,3 +90,32 @@ def resolve_trl(fields: dict[str, Any]) -> tuple[TrlSpec | None, dict[str, Any]]
         return None, effective
     level, bound = mode.split("_")
     return TrlSpec(level=level, bound=bound, clip_min=low, clip_max=high), effective
+
+
+def describe_trl(config: Mapping[str, Any]) -> str:
+    """The first screen's correction line: TRL's mode and the bounds it uses."""
+    if not config.get("vllm_importance_sampling_correction"):
+        return "none (vllm_importance_sampling_correction=false)"
+    fields = ("vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max")
+    bounds = [f"{key}={config[key]}" for key in fields if config.get(key) is not None]
+    return ", ".join([f"vllm_importance_sampling_mode={config.get('vllm_importance_sampling_mode')}", *bounds])
+
+
+FAMILY = ReplayFamily(
+    name="trl",
+    title="TRL 1.16.0 vLLM importance sampling",
+    source=TRL_SOURCE,
+    defaults=TRL_DEFAULTS,
+    kinds={"vllm_importance_sampling_correction": "bool", "vllm_importance_sampling_mode": "string",
+           "vllm_importance_sampling_clip_max": "number", "vllm_importance_sampling_clip_min": "number",
+           "vllm_importance_sampling_cap": "number"},
+    resolve=resolve_trl,
+    describe=describe_trl,
+    lead_keys=("sampling/importance_sampling_ratio/mean", "sampling/sampling_logp_difference/mean"),
+    concepts={"abs_diff": "sampling/sampling_logp_difference/mean",
+              "weight_mean": "sampling/importance_sampling_ratio/mean"},
+    traits={"sequence": "exp(sum of d), no clamp: overflows to inf on long rows",
+            "clamp": "none on the log-ratio",
+            "reduction": "mean over the batch's tokens or rows per process, then over processes",
+            "threshold": "sequence_mask: weight 0 above clip_max 3"},
+)

@@ -24,9 +24,9 @@ from mismatch_cli.engine.protocol import (
     finite_or_none,
 )
 from mismatch_cli.engine.rejection import RejectionAccumulator
+from mismatch_cli.engine.replay import trainer_accumulator
 from mismatch_cli.engine.rounds import RoundsAccumulator
 from mismatch_cli.engine.signatures import SignaturesAccumulator
-from mismatch_cli.engine.trl import TrlAccumulator
 from mismatch_cli.engine.whatif import WhatIfAccumulator
 from mismatch_cli.engine.worst import WorstSequences
 
@@ -76,8 +76,8 @@ class BatchAccumulator:
         # An older family (verl <= 0.7.1, xtuner) reports verl's off-policy keys under its own names (or
         # not at all), and replaces verl 0.9's IS keys with its own blocks.
         self.family = FamilyAccumulator(correction.family_spec, device) if correction.family_spec is not None else None
-        # A replayed trainer (TRL) reports its own keys only.
-        self.trl = TrlAccumulator(correction.trl, device) if correction.trl is not None else None
+        # A replayed trainer (TRL, ...) reports its own keys only.
+        self.trainer = trainer_accumulator(correction.trainer, device)
         self.offpolicy = OffPolicyAccumulator(device) if self.family is None and not correction.replay else None
         self.diagnostics = DiagnosticsAccumulator(device)
         # The what-if ladder and the worst sequences (the overall batch needs them; per-step ones may not).
@@ -92,7 +92,7 @@ class BatchAccumulator:
         )
         self.rounds = RoundsAccumulator(device) if rounds else None
         # Update order: the deciders (IS, RS, the older family) before the accumulators reading their decisions.
-        ordered = (self.importance, self.rejection, self.family, self.trl, self.offpolicy, self.diagnostics,
+        ordered = (self.importance, self.rejection, self.family, self.trainer, self.offpolicy, self.diagnostics,
                    self.what_if, self.worst, self.signatures, self.bootstrap, self.rounds)
         self.accumulators: list[Accumulator] = [a for a in ordered if a is not None]
         check_order(self.accumulators)
@@ -133,7 +133,8 @@ class BatchAccumulator:
                 if getattr(part, name):
                     setattr(result, name, getattr(part, name))
         result.metrics = {**{k: finite_or_none(family[k]) for k in sorted(family)}, **result.metrics}
-        overflowed = sorted(k for k, v in family.items() if not math.isfinite(v))
+        # None: an input the trainer needs is absent (its accumulator says which in a note).
+        overflowed = sorted(k for k, v in family.items() if v is not None and not math.isfinite(v))
         if overflowed:
             result.notes.append(f"{', '.join(overflowed)} overflowed (reported as null)")
         # Intervals only for keys this family reports (older families name theirs differently).
@@ -148,8 +149,10 @@ class BatchAccumulator:
             result.notes.append("no valid token: xtuner reports valid = 0, +-inf extrema (null here) and an "
                                 "infinite ESS for such a pack, and its merge skips the pack")
             return result
-        if self.trl is not None:  # TRL logs numbers for a batch without a token (0.0, and weight 1 per row)
-            result.metrics.update({k: finite_or_none(v) for k, v in self.trl.compute().family.items()})
+        if self.trainer is not None:  # a trainer may log numbers for a batch without a token (TRL: 0.0, weight 1)
+            part = self.trainer.compute()
+            result.metrics.update({k: finite_or_none(v) for k, v in part.family.items()})
+            result.notes += part.notes
         for key in OFFPOLICY_KEYS if not self.correction.replay else ():
             result.metrics[VERL_PREFIX + key] = None
         diag = self.diagnostics.values()

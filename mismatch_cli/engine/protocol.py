@@ -104,9 +104,9 @@ class Accumulator(ABC):
         """The metrics and tables this state stands for."""
 
 
-def finite_or_none(value: float) -> float | None:
-    """A reported value: the number, or None where it is undefined or overflowed."""
-    return value if math.isfinite(value) else None
+def finite_or_none(value: float | None) -> float | None:
+    """A reported value: the number, or None where it is undefined, overflowed or its input is absent."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 def check_order(accumulators: Sequence[Accumulator]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mismatch_cli.correction import TrlSpec
+from mismatch_cli.correction.trl import TrlSpec
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.ops import segment_sum
 from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution

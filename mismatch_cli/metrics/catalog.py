@@ -10,6 +10,7 @@ import math
 
 from mismatch_cli.correction import RS_OPTIONS
 from mismatch_cli.metrics.model import Band, Direction, Family, Metric
+from mismatch_cli.metrics.trainers import TRAINER_FAMILIES, TRAINER_METRICS
 
 LOWER, HIGHER, CLOSER_TO_1, LOWER_ABS, NONE = (Direction.LOWER, Direction.HIGHER, Direction.CLOSER_TO_1,
                                                Direction.LOWER_ABS, Direction.NONE)
@@ -77,11 +78,9 @@ OLD_OFFPOLICY = Family("off-policy (verl 0.6.0 / xtuner)",
                        "`--semantics xtuner`, or `verl-0.6.0` with IS on (`mismatch/`; xtuner: a pack is one row)")
 OLD_IS = Family("importance sampling (verl 0.6.0 / xtuner)",
                 "`--semantics verl-0.6.0` / `xtuner` with IS on (`mismatch/`; metrics of the raw ratios)")
-TRL = Family("TRL vLLM importance sampling (TRL 1.16.0)",
-              "`--semantics trl`, unless `vllm_importance_sampling_correction=false` (keys exactly as TRL logs them)")
 DIAG = Family("diagnostics (mismatch)", "always (`diag/`)")
 ROUNDS = Family("per round (verl PR #5229)", "always (`per_round/`); one key per round index k")
-FAMILIES = (OFFPOLICY, IS, VETO, RS_TOTAL, RS_OPTION, RS_OLD, OLD_OFFPOLICY, OLD_IS, TRL, DIAG, ROUNDS)
+FAMILIES = (OFFPOLICY, IS, VETO, RS_TOTAL, RS_OPTION, RS_OLD, OLD_OFFPOLICY, OLD_IS, *TRAINER_FAMILIES, DIAG, ROUNDS)
 
 # -------------------------------------------------------------------------------------- reductions
 TOKEN_MEAN = "token-mean over valid tokens"
@@ -334,30 +333,6 @@ def _diagnostics() -> list[Metric]:
     ]
 
 
-TRL_BLOCKS = ("TRL 1.16.0 trl/trainer/grpo_trainer.py:GRPOTrainer._generate_and_score_completions, ratio block "
-              "(lines 2660-2707) and metrics block (lines 2860-2896)")
-_TRL_WEIGHTS = ("the weights: exp(d) per token (token modes) or exp(S) per row (sequence modes, unclamped), then "
-                "truncated to or masked outside [clip_min, clip_max]")
-
-
-def _trl() -> list[Metric]:
-    logp, ratio = "sampling/sampling_logp_difference/", "sampling/importance_sampling_ratio/"
-    tokens = "over masked-in tokens (NaN left out; 0.0 without one), one process"
-    weights = ("over the masked-in tokens' weights (token modes, zeros from masking included) or every row's weight "
-               "(sequence modes, empty rows = 1); 0.0 when empty; one process")
-    return [
-        Metric(logp + "mean", TRL, f"token-mean {tokens}", "nats", LOWER,
-               f"|old − rollout| (raw: an infinite log-prob gives inf); source: {TRL_BLOCKS}"),
-        Metric(logp + "max", TRL, f"max {tokens}", "nats", LOWER, f"the largest |old − rollout|; source: {TRL_BLOCKS}"),
-        Metric(ratio + "min", TRL, f"min {weights}", "ratio", NONE, f"the smallest of {_TRL_WEIGHTS}; source: "
-               f"{TRL_BLOCKS}"),
-        Metric(ratio + "mean", TRL, f"mean {weights}", "ratio", CLOSER_TO_1, f"the mean of {_TRL_WEIGHTS}; source: "
-               f"{TRL_BLOCKS}"),
-        Metric(ratio + "max", TRL, f"max {weights}", "ratio", NONE, f"the largest of {_TRL_WEIGHTS} (inf when exp "
-               f"overflows and clip_max is none); source: {TRL_BLOCKS}"),
-    ]
-
-
 def _rounds() -> list[Metric]:
     round_k = {"k": None}
     return [
@@ -375,5 +350,5 @@ def _rounds() -> list[Metric]:
 
 METRICS: tuple[Metric, ...] = (
     *_offpolicy(), *_importance(), *_veto("rollout_corr/rollout_is_", VETO), *_rejection(), *_older_offpolicy(),
-    *_older_importance(), *_trl(), *_diagnostics(), *_rounds(),
+    *_older_importance(), *TRAINER_METRICS, *_diagnostics(), *_rounds(),
 )

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mismatch_cli.correction import REPLAY_FAMILIES
 from mismatch_cli.findings.model import percent
 from mismatch_cli.metrics import lookup
 from mismatch_cli.metrics.notes import explain
@@ -21,7 +22,7 @@ from mismatch_cli.report import Report
 
 # The metrics shown under "Key metrics", when present, in this order (the health checks come first).
 KEY_METRICS = (
-    "sampling/importance_sampling_ratio/mean", "sampling/sampling_logp_difference/mean",  # --semantics trl
+    *(key for family in REPLAY_FAMILIES.values() for key in family.lead_keys),  # a replayed trainer's own keys
     "rollout_corr/kl", "rollout_corr/k3_kl", "rollout_corr/chi2_token", "rollout_corr/chi2_seq",
     "rollout_corr/ppl_ratio", "rollout_corr/rollout_is_eff_sample_size", "rollout_corr/rollout_rs_masked_fraction",
     "diag/ess_token", "diag/prob_pearson_corr", "diag/logprob_abs_diff_max",
@@ -98,12 +99,9 @@ def inputs_text(report: Report, width: int | None = None) -> str:
 def correction_text(config: Mapping[str, Any]) -> str:
     """The correction the run applies, in its config fields: a threshold only beside the IS or RS it bounds
     (verl's config always holds rollout_is_threshold=2.0, used only when rollout_is is set)."""
-    if config.get("semantics") == "trl":  # TRL's own fields (docs/trl-semantics.md)
-        if not config.get("vllm_importance_sampling_correction"):
-            return "none (vllm_importance_sampling_correction=false)"
-        fields = ("vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max")
-        bounds = [f"{key}={config[key]}" for key in fields if config.get(key) is not None]
-        return ", ".join([f"vllm_importance_sampling_mode={config.get('vllm_importance_sampling_mode')}", *bounds])
+    replayed = REPLAY_FAMILIES.get(str(config.get("semantics")))
+    if replayed is not None:  # the trainer's own fields (docs/trainers.md)
+        return replayed.describe(config)
     shown = [key for key in ("preset", "rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold")
              if config.get(key) is not None]
     if "preset" in config:  # the verl families: rollout_is / rollout_rs turn IS / RS on

@@ -59,7 +59,7 @@ def _skip_split(case: dict) -> None:
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("case", NUMERIC, ids=[c["name"] for c in NUMERIC])
 def test_weights_match_trl(case: dict, dtype: str) -> None:
-    spec = _correction(case).trl
+    spec = _correction(case).trainer
     chunk = make_chunk(_batch(case), torch.device("cpu"), DTYPES[dtype])
     old, rollout, lengths = chunk.masked
     log_ratio = trl_log_ratio(old, rollout, lengths, spec.level)
@@ -85,7 +85,7 @@ def test_metrics_match_trl(case: dict, dtype: str) -> None:
         # A dump without a valid token is refused, as for every family; TRL's numbers come from the accumulator.
         with pytest.raises(DataError):
             run([batch], correction, device="cpu", dtype=dtype)
-        accumulator = TrlAccumulator(correction.trl, torch.device("cpu"))
+        accumulator = TrlAccumulator(correction.trainer, torch.device("cpu"))
         accumulator.update(make_chunk(batch, torch.device("cpu"), DTYPES[dtype]), None)  # type: ignore[arg-type]
         ours: dict[str, float | None] = dict(accumulator.compute().family)
         notes: list[str] = []

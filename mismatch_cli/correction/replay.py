@@ -1,0 +1,37 @@
+"""The replayed trainers, one registry: each family's module holds its data and formulas, here they are listed.
+
+A replayed trainer (semantics `trl`, ...) reports its own keys under its own names, with its own
+fields (given one by one or in the `[correction]` table); docs/trainers.md says what each computes.
+"""
+
+from __future__ import annotations
+
+from mismatch_cli.correction.model import CORRECTION_FAMILIES, ReplayFamily
+from mismatch_cli.correction.trl import FAMILY as TRL
+
+REPLAY_FAMILIES: dict[str, ReplayFamily] = {family.name: family for family in (
+    TRL,
+)}
+FAMILIES: tuple[str, ...] = (*CORRECTION_FAMILIES, *REPLAY_FAMILIES)
+# The rows of `mismatch replay`: a concept each trainer may log under its own key (ReplayFamily.concepts).
+CONCEPTS: dict[str, str] = {
+    "abs_diff": "mean |old - rollout|",
+    "kl": "KL(rollout || train)",
+    "chi2": "chi-square",
+    "weight_mean": "IS weight mean (corrected)",
+    "truncated": "share truncated",
+    "masked": "share masked",
+    "dropped": "sequences dropped",
+}
+# The reasons trainers differ, in the order `replay` names them (ReplayFamily.traits).
+TRAITS = ("sequence", "clamp", "reduction", "threshold")
+
+
+def replay_fields() -> dict[str, str]:
+    """Every replayed trainer's field and its TOML kind (the `[correction]` table takes them)."""
+    fields: dict[str, str] = {}
+    for family in REPLAY_FAMILIES.values():
+        for name, value in family.kinds.items():
+            assert fields.get(name, value) == value, f"{name} has two kinds"
+            fields[name] = value
+    return fields

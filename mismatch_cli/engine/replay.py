@@ -1,0 +1,27 @@
+"""The replayed trainers' accumulators, found by the class of the settings their family resolves.
+
+Each trainer's formulas live in its own module (`engine/trl.py`, ...); this map is the only place
+that lists them, keyed by settings type so the engine never compares a family's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from mismatch_cli.correction.trl import TrlSpec
+from mismatch_cli.engine.protocol import Accumulator
+from mismatch_cli.engine.trl import TrlAccumulator
+
+ACCUMULATORS: dict[type, Callable[[Any, torch.device], Accumulator]] = {
+    TrlSpec: TrlAccumulator,
+}
+
+
+def trainer_accumulator(settings: Any, device: torch.device) -> Accumulator | None:
+    """The accumulator of a replayed trainer's resolved settings (None when the trainer logs nothing)."""
+    if settings is None:
+        return None
+    return ACCUMULATORS[type(settings)](settings, device)
