@@ -19,7 +19,9 @@ class Batch:
     False. `steps` is the training step per row (int64) or None when unknown. `source` names the
     file and `first_row` the index, within that file, of row 0 (for error messages and ids).
     `groups` maps a column name (e.g. `env_name`) to one label per row (int64, or an object array
-    of str / None), for `--by COLUMN`.
+    of str / None), for `--by COLUMN`. `advantages` is the per-token advantage (float64, NaN where
+    unknown; a per-row advantage repeated over the row's positions) when the dump has one, else None:
+    only a replayed trainer that masks on it (prime-rl) reads it.
     """
 
     old_log_probs: np.ndarray
@@ -32,6 +34,7 @@ class Batch:
     sequence_ids: np.ndarray | None = None
     labels: dict[str, str] = field(default_factory=dict)
     groups: dict[str, np.ndarray] = field(default_factory=dict)
+    advantages: np.ndarray | None = None
 
     @property
     def num_rows(self) -> int:
@@ -69,6 +72,7 @@ class Batch:
             sequence_ids=None if self.sequence_ids is None else self.sequence_ids[rows],
             labels=self.labels,
             groups={name: values[rows] for name, values in self.groups.items()},
+            advantages=None if self.advantages is None else self.advantages[positions],
         )
 
     def slice_rows(self, start: int, stop: int) -> Batch:
@@ -85,6 +89,7 @@ class Batch:
             sequence_ids=None if self.sequence_ids is None else self.sequence_ids[start:stop],
             labels=self.labels,
             groups={name: values[start:stop] for name, values in self.groups.items()},
+            advantages=None if self.advantages is None else self.advantages[a:b],
         )
 
 
@@ -111,5 +116,6 @@ def concat_rows(batches: list[Batch]) -> Batch:
         sequence_ids=joined([b.sequence_ids for b in batches]),
         labels=first.labels,
         groups={name: np.concatenate([b.groups[name] for b in batches]) for name in first.groups},
+        advantages=joined([b.advantages for b in batches]),
     )
 

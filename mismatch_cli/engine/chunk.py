@@ -49,6 +49,9 @@ class Chunk:
     # The raw positions (old, rollout, mask; device, input dtype) for a family that reads every masked-in
     # token whatever its value, as TRL does (a NaN rollout log-prob is a weight of 1 there, not an exclusion).
     positions: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    # The dump's per-token advantages (compute dtype) of the valid tokens, and of every position; None without.
+    advantages: torch.Tensor | None = None
+    position_advantages: torch.Tensor | None = field(default=None, repr=False)
     # Per-row sums already taken, by the id of the per-token tensor (kept alive with it).
     _row_sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
     _totals: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
@@ -71,6 +74,15 @@ class Chunk:
         lengths = segment_count(mask, row_positions)
         index = flag_indices(mask, self.quality["masked_tokens"])
         return take(old, index).to(self.old.dtype), take(rollout, index).to(self.old.dtype), lengths
+
+    @cached_property
+    def masked_advantages(self) -> torch.Tensor | None:
+        """The advantages of every masked-in token, aligned with `masked` (None when the dump has none)."""
+        if self.position_advantages is None:
+            return None
+        assert self.positions is not None
+        index = flag_indices(self.positions[2], self.quality["masked_tokens"])
+        return take(self.position_advantages, index).to(self.old.dtype)
 
     @property
     def num_rows(self) -> int:
@@ -318,9 +330,14 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype) -> Chunk:
     layout.resolve(num_valid, num_runs, max_rounds)
     quality = {"positions": batch.num_positions, "masked_tokens": masked, **dict(zip(QUALITY_CATEGORIES, found,
                                                                                        strict=True))}
+    advantages = position_advantages = None
+    if batch.advantages is not None:
+        position_advantages = _tensor(batch.advantages, device)
+        advantages = position_advantages
     if num_valid < keep.numel():
         index = flag_indices(keep, num_valid)
         old, rollout = take(old, index), take(rollout, index)
+        advantages = None if advantages is None else take(advantages, index)
     return Chunk(
         old=old.to(dtype),
         rollout=rollout.to(dtype),
@@ -333,6 +350,8 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype) -> Chunk:
         steps=batch.steps,
         layout=layout,
         positions=positions,
+        advantages=None if advantages is None else advantages.to(dtype),
+        position_advantages=position_advantages,
     )
 
 

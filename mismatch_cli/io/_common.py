@@ -174,6 +174,19 @@ def check_lengths(
         )
 
 
+def advantages_per_position(values: np.ndarray, offsets: np.ndarray | None, row_offsets: np.ndarray, name: str,
+                            source: str, first_row: int, noun: str = "column") -> np.ndarray:
+    """Advantages over a chunk's positions (float64, null = NaN): per-token lists as they are, a per-row value
+    repeated over its row; a per-token list of another length than the row is refused."""
+    values = np.asarray(values, dtype=np.float64)
+    if offsets is None:
+        return np.repeat(values, np.diff(row_offsets))
+    if not np.array_equal(offsets, row_offsets):
+        check_lengths({"old_log_probs": row_offsets, "advantages": offsets},
+                      {"old_log_probs": "old_log_probs", "advantages": name}, source, first_row, noun)
+    return values
+
+
 def missing_group(column: str, source: str, available: list[str], noun: str = "column") -> InputError:
     """The error for a `--by COLUMN` that the file does not have."""
     from ..errors import MissingGroupError

@@ -38,6 +38,10 @@ ROLE_ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 
+# An optional per-token (or per-row) advantage, for a replayed trainer that masks on its sign (prime-rl).
+ADVANTAGE_ALIASES: tuple[str, ...] = ("advantages", "advantage", "token_advantages")
+
+
 def check_options(options: ReadOptions) -> None:
     """Raise UsageError for a `--column` role that does not exist or a non-positive chunk size."""
     for role, name in options.columns.items():

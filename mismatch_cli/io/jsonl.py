@@ -20,6 +20,7 @@ import pyarrow.json as pj
 from ..batch import Batch
 from ..errors import InputError
 from ._common import (
+    advantages_per_position,
     check_file,
     check_lengths,
     group_labels,
@@ -31,7 +32,7 @@ from ._common import (
     reason,
     row_at,
 )
-from .aliases import resolve_roles
+from .aliases import ADVANTAGE_ALIASES, resolve_roles
 from .arrays import to_numpy
 from .detect import first_record
 from .options import ReadOptions
@@ -220,6 +221,11 @@ def read_records(path: str, options: ReadOptions, flavor: Flavor) -> Iterator[Ba
     for name in (step_name, id_name, row_mask, *groups):
         if name is not None and name not in fields:
             fields[name] = _scalar_field(name, record[name], path)
+    advantage = next((n for n in ADVANTAGE_ALIASES if n in record and n not in fields), None)
+    if advantage is not None:  # per token (a list) or per record (a number)
+        value = record[advantage]
+        fields[advantage] = (_array_field(advantage, value, False) if isinstance(value, list)
+                             else _scalar_field(advantage, value, path))
 
     schema = pa.schema([(f.name, f.arrow_type()) for f in fields.values()])
     parse = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
@@ -228,7 +234,8 @@ def read_records(path: str, options: ReadOptions, flavor: Flavor) -> Iterator[Ba
         block = max(_MIN_BLOCK, 4 * (longest_line(path) + 2))
         reader = pj.open_json(path, read_options=pj.ReadOptions(block_size=block), parse_options=parse)
         for part in _rechunk(reader, options.chunk_rows):
-            yield _to_batch(part, names, fields, step_name, id_name, row_mask, groups, flavor, path, first_row)
+            yield _to_batch(part, names, fields, step_name, id_name, row_mask, groups, flavor, path, first_row,
+                            advantage)
             first_row += part.num_rows
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(
@@ -248,6 +255,7 @@ def _to_batch(
     flavor: Flavor,
     source: str,
     first_row: int,
+    advantage: str | None = None,
 ) -> Batch:
     arrays = {role: _array(part.column(name), fields[name], role, source, first_row) for role, name in names.items()}
     if "response_mask" in arrays:
@@ -280,6 +288,17 @@ def _to_batch(
     else:
         steps = None
     ids = _scalars(part.column(id_name), fields[id_name], source, first_row) if id_name else None
+    advantages = None
+    if advantage is not None:
+        field = fields[advantage]
+        if field.kind == "array":
+            found = _array(part.column(advantage), field, "advantages", source, first_row)
+            token_offsets = np.concatenate([[0], np.cumsum(found.lengths)]).astype(np.int64)
+            advantages = advantages_per_position(found.values, token_offsets, row_offsets, advantage, source,
+                                                 first_row, "field")
+        else:
+            advantages = advantages_per_position(_scalars(part.column(advantage), field, source, first_row), None,
+                                                 row_offsets, advantage, source, first_row, "field")
     return Batch(
         old_log_probs=old_values,
         rollout_log_probs=rollout_values,
@@ -291,6 +310,7 @@ def _to_batch(
         sequence_ids=ids,
         groups={g: group_labels(_scalars(part.column(g), fields[g], source, first_row), f"{source} field {g!r}",
                                 first_row) for g in groups},
+        advantages=advantages,
     )
 
 

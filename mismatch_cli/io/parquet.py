@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 from ..batch import Batch
 from ..errors import InputError
 from ._common import (
+    advantages_per_position,
     check_file,
     check_lengths,
     group_labels,
@@ -21,7 +22,7 @@ from ._common import (
     reason,
     row_at,
 )
-from .aliases import resolve_roles
+from .aliases import ADVANTAGE_ALIASES, resolve_roles
 from .arrays import to_numpy
 from .options import ReadOptions
 from .remote import is_remote, open_remote, store_error
@@ -59,6 +60,14 @@ def _check_role_type(field: pa.Field, role: str, source: str) -> None:
         f"expected {expected} for {role}, got {field.type} in {source} column {field.name!r}",
         hint=f"store {role} as one list per row, or point --column {role}=NAME at the right column",
     )
+
+
+def _check_advantage_type(field: pa.Field, source: str) -> None:
+    t = field.type.value_type if _is_list(field.type) else field.type
+    if not (pa.types.is_floating(t) or pa.types.is_integer(t)):
+        raise InputError(f"expected numbers (one per token, or one per row) for advantages, got {field.type} in "
+                         f"{source} column {field.name!r}",
+                         hint="store advantages as a float list per row or a float per row, or rename the column")
 
 
 def _flatten(arr: pa.Array, role: str, name: str, source: str,
@@ -194,8 +203,11 @@ def _read_open(handle: pq.ParquetFile, path: str, options: ReadOptions,
             raise missing_group(column, path, list(available))
         _check_group_type(schema.field(column), path)
     groups = tuple(options.group_columns)
+    advantage_name = next((n for n in ADVANTAGE_ALIASES if n in available and n not in names.values()), None)
+    if advantage_name is not None:
+        _check_advantage_type(schema.field(advantage_name), path)
     needed = list(
-        dict.fromkeys([*names.values(), *(n for n in (step_name, id_name) if n is not None), *groups])
+        dict.fromkeys([*names.values(), *(n for n in (step_name, id_name, advantage_name) if n is not None), *groups])
     )
 
     metadata = handle.metadata
@@ -208,7 +220,7 @@ def _read_open(handle: pq.ParquetFile, path: str, options: ReadOptions,
             for record_batch in handle.iter_batches(batch_size=options.chunk_rows, columns=needed, row_groups=[group]):
                 if record_batch.num_rows == 0:
                     continue
-                yield _to_batch(record_batch, names, step_name, id_name, groups, path, first_row)
+                yield _to_batch(record_batch, names, step_name, id_name, groups, path, first_row, advantage_name)
                 first_row += record_batch.num_rows
     except (pa.ArrowException, OSError) as exc:
         raise _read_error(path, exc, f" (after row {first_row})") from exc
@@ -231,6 +243,7 @@ def _to_batch(
     groups: tuple[str, ...],
     source: str,
     first_row: int,
+    advantage_name: str | None = None,
 ) -> Batch:
     values: dict[str, np.ndarray] = {}
     offsets: dict[str, np.ndarray] = {}
@@ -251,6 +264,15 @@ def _to_batch(
         mask = np.ones(len(old), dtype=np.bool_)
     steps = _steps(record_batch.column(step_name), step_name, source, first_row) if step_name else None
     ids = to_numpy(record_batch.column(id_name)) if id_name else None
+    advantages = None
+    if advantage_name is not None:
+        column = record_batch.column(advantage_name)
+        if _is_list(column.type):
+            flat, token_offsets, _ = _flatten(column, "advantages", advantage_name, source, first_row)
+            advantages = advantages_per_position(flat, token_offsets, row_offsets, advantage_name, source, first_row)
+        else:
+            advantages = advantages_per_position(to_numpy(column.cast(pa.float64())), None, row_offsets,
+                                                 advantage_name, source, first_row)
     return Batch(
         old_log_probs=old,
         rollout_log_probs=rollout,
@@ -262,6 +284,7 @@ def _to_batch(
         sequence_ids=ids,
         groups={name: _group_values(record_batch.column(name), f"{source} column {name!r}", first_row)
                 for name in groups},
+        advantages=advantages,
     )
 
 
