@@ -61,6 +61,21 @@ def _pick(tensors: Mapping[str, Any], role: str) -> Any:
                      "in the trainer; rollout_log_probs needs actor_rollout_ref.rollout.calculate_log_probs=true)")
 
 
+def _advantages(values: np.ndarray, rows: int, width: int, column: Any, float_type: Any, dtype: str) -> Any:
+    """The advantages column: `[B, T]` as a list per row, `[B]` as one number per row."""
+    import pyarrow as pa
+
+    if values.dtype.kind not in "biuf":
+        raise UsageError(f"write_dump: advantages hold {values.dtype} values, not numbers",
+                         hint="pass advantages as a float tensor of shape [B, T] or [B]")
+    if values.shape == (rows, width):
+        return column(values, float_type, np.dtype(dtype).type)
+    if values.shape == (rows,):
+        return pa.array(values.astype(np.dtype(dtype)), type=float_type)
+    raise UsageError(f"write_dump: advantages have shape {tuple(values.shape)}, expected ({rows}, {width}) or "
+                     f"({rows},)", hint="pass one advantage per token or one per row")
+
+
 def as_array(value: Any, role: str) -> np.ndarray:
     """A numpy view of a torch tensor (any device; bf16 / fp16 widened to float32), a numpy array or a list."""
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch.Tensor, duck-typed: no torch import here
@@ -156,6 +171,7 @@ def write_dump(
     step: int | None = None,
     groups: Mapping[str, Any] | None = None,
     uid: Any = None,
+    advantages: Any = None,
     dtype: str = "float32",
 ) -> Path:
     """Write one batch of `[B, T]` trainer / rollout log-probs and mask as a wide parquet dump; returns its path.
@@ -164,7 +180,8 @@ def write_dump(
     tensors; the keywords give or override single tensors. `step` defaults to `meta_info["global_steps"]`.
     `path` is a folder (one `step_{step:06d}.parquet` per call; `dump_{n:06d}.parquet` without a step;
     a call for an existing step replaces its file) or a `.parquet` file. `groups` adds per-row label
-    columns for `--by NAME`, `uid` per-row sequence ids. Log-probs are stored as `dtype` (float32 or
+    columns for `--by NAME`, `uid` per-row sequence ids, `advantages` a per-token `[B, T]` or per-row `[B]`
+    advantage (prime-rl's replay masks on its sign). Log-probs are stored as `dtype` (float32 or
     float64), the mask as int8, each row at its full padded length (the padding is masked out).
     """
     import pyarrow as pa
@@ -195,6 +212,8 @@ def write_dump(
         columns["step"] = pa.array(np.full(rows, number, dtype=np.int64))
     if uid is not None:
         columns["uid"] = _labels(uid, "uid", rows)
+    if advantages is not None:
+        columns["advantages"] = _advantages(as_array(advantages, "advantages"), rows, width, column, float_type, dtype)
     if groups is not None and not isinstance(groups, Mapping):
         raise UsageError(f"write_dump: groups is a {type(groups).__name__}, not a mapping",
                          hint="pass groups={'env_name': [one label per row]}")

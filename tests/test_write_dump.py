@@ -169,3 +169,21 @@ def test_a_tensordict_like_batch_directly_or_inside_a_dataproto(tmp_path: Path) 
     assert inside.name == "step_000005.parquet"
     for path in (direct, inside):
         assert_metrics(analyzed(path), expected([batch]), rel=1e-9)
+
+
+def test_advantages_per_token_or_per_row_read_back(tmp_path: Path) -> None:
+    from mismatch_cli.errors import UsageError
+    from mismatch_cli.io import reader
+    from mismatch_cli.io.options import ReadOptions
+
+    batch = make_batch(5)
+    rows, width = np.asarray(batch["old_log_probs"]).shape
+    per_token = np.arange(rows * width, dtype=np.float64).reshape(rows, width) / 7.0
+    per_row = np.linspace(-1.0, 1.0, rows)
+    for given, want in ((per_token, per_token.reshape(-1)), (per_row, np.repeat(per_row, width))):
+        path = mismatch_cli.write_dump(tmp_path / "adv.parquet", dtype="float64", advantages=given, **batch)
+        (read,) = list(reader("parquet")(str(path), ReadOptions(chunk_rows=10**6)))
+        np.testing.assert_array_equal(read.advantages, want)
+    with pytest.raises(UsageError, match=r"advantages have shape \(3,\)"):
+        mismatch_cli.write_dump(tmp_path / "bad.parquet", advantages=np.zeros(3), **batch)
+    assert not (tmp_path / "bad.parquet").exists()
