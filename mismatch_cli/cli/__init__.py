@@ -8,7 +8,7 @@ metrics, `data` for synth and convert); `options` holds the flag bundles every c
 
 from __future__ import annotations
 
-from mismatch_cli.cli import analyze, data, gate, info  # noqa: F401 - importing registers the commands
+from mismatch_cli.cli import analyze, data, gate, info, replay  # noqa: F401 - importing registers the commands
 from mismatch_cli.cli.app import app, main
 from mismatch_cli.cli.options import QUIET_HELP
 

@@ -214,3 +214,20 @@ def _xtuner(family: str, fields: dict[str, Any]) -> FamilySpec:
         veto_upper, veto_lower = veto_threshold  # deliberately unchecked, as upstream
         veto = VetoSpec(lower=veto_lower, upper=veto_upper, valid_rows_only=head)
     return FamilySpec(family, "mismatch/", (block,), veto, veto_keys=True, valid_key=head, **packs)
+
+# `mismatch replay`'s xtuner column: xtuner's own defaults (rollout_is_threshold unset: metrics only, no weight).
+# Shaped like ReplayFamily.concepts / .traits (correction/replay.py). xtuner's rollout_is_mean is the mean of the
+# raw ratios, not of corrected weights, so weight_mean is not mapped.
+XTUNER_CONCEPTS: dict[str, str] = {
+    "abs_diff": "mismatch/mismatch_logprob_abs_diff",
+    "kl": "mismatch/mismatch_kl",
+    "truncated": "mismatch/rollout_is_ratio_fraction_high",
+    "masked": "mismatch/rollout_is_masked_fraction",
+    "dropped": "mismatch/rollout_is_veto_fraction",
+}
+XTUNER_TRAITS: dict[str, str] = {
+    "sequence": "no IS weight by default (rollout_is_threshold unset)",
+    "clamp": "weights clamped at both ends [lower, upper] when IS is on",
+    "reduction": "token mean per pack (one input file), packs merged by their mean",
+    "threshold": "none by default: metrics only",
+}

@@ -176,3 +176,24 @@ def resolve_071(values: Mapping[str, Any]) -> ResolvedCorrection:
     spec = FamilySpec("verl-0.7.1", "rollout_corr/", blocks, offpolicy="rollout_corr", actor_recomputes_offpolicy=True)
     return ResolvedCorrection(None, None, False, rs_options=rs_options, k1_bounds=values["k1_bounds"],
                               family_spec=spec)
+
+# `mismatch replay`'s verl column. verl's defaults turn no IS on (rollout_is = None), so the column runs the
+# setting its docs lead with: token TIS at the default threshold 2.0 (recipe `decoupled_token_is`).
+VERL_REPLAY_FIELDS: dict[str, Any] = {"rollout_is": "token", "rollout_is_threshold": 2.0}
+VERL_REPLAY_NOTE = "its defaults turn no IS on: runs its documented token TIS (rollout_is=token, threshold 2.0)"
+# Shaped like ReplayFamily.concepts / .traits (correction/replay.py: CONCEPTS, TRAITS). verl logs no token mean of
+# |old - rollout| (log_ppl_abs_diff is a row mean of |mean d|, another quantity), so abs_diff is not mapped.
+VERL_CONCEPTS: dict[str, str] = {
+    "kl": "rollout_corr/kl",
+    "chi2": "rollout_corr/chi2_token",
+    "weight_mean": "rollout_corr/rollout_is_mean",
+    "truncated": "rollout_corr/rollout_is_ratio_fraction_high",
+    "masked": "rollout_corr/rollout_rs_masked_fraction",
+    "dropped": "rollout_corr/rollout_rs_seq_masked_fraction",
+}
+VERL_TRAITS: dict[str, str] = {
+    "sequence": "token level: one weight per token, no sequence weight",
+    "clamp": "log-ratio clamped to [-20, 20] before exp",
+    "reduction": "token mean over the batch's valid tokens",
+    "threshold": "token TIS: weights truncated at 2",
+}

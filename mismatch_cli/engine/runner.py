@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ from mismatch_cli.engine.chunk import (
     DEVICE_CHUNK_POSITIONS,
     MAX_CHUNK_POSITIONS,
     QUALITY_CATEGORIES,
+    Chunk,
     bounded,
     make_chunk,
     quality_examples,
@@ -161,7 +163,7 @@ class Analysis:
 
     def __init__(self, correction: ResolvedCorrection, device: torch.device, dtype: str = "float32",
                  by_step: bool = False, rounds: bool = True, group_by: tuple[str, ...] = (),
-                 bootstrap: int = DEFAULT_REPLICATES) -> None:
+                 bootstrap: int = DEFAULT_REPLICATES, extras: bool = True) -> None:
         if dtype not in DTYPES:
             raise UsageError(f"unknown dtype '{dtype}'", hint="use float32 or float64")
         self.correction = correction
@@ -170,7 +172,7 @@ class Analysis:
         self.by_step = by_step
         self.rounds = rounds
         self.group_by = group_by
-        self.overall = BatchAccumulator(correction, device, rounds, bootstrap=bootstrap)
+        self.overall = BatchAccumulator(correction, device, rounds, extras=extras, bootstrap=bootstrap)
         # xtuner computes per pack (one input file here) and merges packs; keep one family state per file.
         self.per_pack = correction.family_spec is not None and correction.family_spec.per_pack
         self.packs: dict[str, FamilyAccumulator] = {}
@@ -211,34 +213,37 @@ class Analysis:
     def _fold(self, whole: Batch) -> None:
         compute_dtype = DTYPES[self.dtype]
         for batch in bounded(whole, self.chunk_positions):
-            if batch.num_rows == 0:
-                continue
-            self.any_rows = True
-            chunk = make_chunk(batch, self.device, compute_dtype)
-            self.overall.update(chunk)
-            if self.per_pack:
-                pack = self.packs.setdefault(batch.source, FamilyAccumulator(self.correction.family_spec, self.device))
-                pack.update(chunk, ChunkDecisions())
-            stats = self.sources.setdefault(batch.source, SourceStats())
-            stats.add(batch.num_rows, chunk.quality)
-            wanted = stats.wanted_examples(chunk.quality)
-            if wanted:  # only chunks with flagged tokens pay for this, until the examples are collected
-                stats.add_examples(quality_examples(batch, wanted, EXAMPLES_PER_CATEGORY))
-            if self.by_step and batch.steps is not None:
-                for step, part in _split_rows(batch, batch.steps):
-                    if step not in self.per_step:
-                        self.per_step[step] = self._breakdown()
-                    self.per_step[step].update(chunk if part is batch else make_chunk(part, self.device,
-                                                                                      compute_dtype))
-            for column in self.group_by:
-                accumulators = self.per_group[column]
-                keys = _group_keys(batch, column)
-                _check_group_count(column, accumulators, keys)
-                for label, part in _split_rows(batch, keys):
-                    if label not in accumulators:
-                        accumulators[label] = self._breakdown()
-                    accumulators[label].update(chunk if part is batch else make_chunk(part, self.device,
-                                                                                      compute_dtype))
+            if batch.num_rows:
+                self.fold(batch, make_chunk(batch, self.device, compute_dtype))
+
+    def fold(self, batch: Batch, chunk: Chunk) -> None:
+        """Fold one bounded batch whose chunk is already made (several analyses may share one chunk)."""
+        compute_dtype = DTYPES[self.dtype]
+        self.any_rows = True
+        self.overall.update(chunk)
+        if self.per_pack:
+            pack = self.packs.setdefault(batch.source, FamilyAccumulator(self.correction.family_spec, self.device))
+            pack.update(chunk, ChunkDecisions())
+        stats = self.sources.setdefault(batch.source, SourceStats())
+        stats.add(batch.num_rows, chunk.quality)
+        wanted = stats.wanted_examples(chunk.quality)
+        if wanted:  # only chunks with flagged tokens pay for this, until the examples are collected
+            stats.add_examples(quality_examples(batch, wanted, EXAMPLES_PER_CATEGORY))
+        if self.by_step and batch.steps is not None:
+            for step, part in _split_rows(batch, batch.steps):
+                if step not in self.per_step:
+                    self.per_step[step] = self._breakdown()
+                self.per_step[step].update(chunk if part is batch else make_chunk(part, self.device,
+                                                                                  compute_dtype))
+        for column in self.group_by:
+            accumulators = self.per_group[column]
+            keys = _group_keys(batch, column)
+            _check_group_count(column, accumulators, keys)
+            for label, part in _split_rows(batch, keys):
+                if label not in accumulators:
+                    accumulators[label] = self._breakdown()
+                accumulators[label].update(chunk if part is batch else make_chunk(part, self.device,
+                                                                                  compute_dtype))
 
     def merge(self, other: Analysis) -> None:
         """Fold a partial state built on another shard of the same input into this one."""
@@ -335,6 +340,63 @@ def run(
     for batch in batches:
         analysis.update(batch)
     return analysis.finish(source_names)
+
+
+@dataclass
+class ManyResult:
+    """`run_many`'s answer per correction: the whole input, and the input without each non-empty row group."""
+
+    overall: EngineResult
+    leave_one_out: list[BatchResult | None]  # None: the rest of the input has no valid token
+    groups: int  # row groups that held a row
+
+
+def run_many(batches: Iterable[Batch], corrections: Mapping[str, ResolvedCorrection], device: str = "auto",
+             dtype: str = "float32", groups: int = 10, threads: int | None = 1,
+             source_names: tuple[str, ...] = ()) -> dict[str, ManyResult]:
+    """Several corrections over ONE read of the batches, each also without each of `groups` row groups.
+
+    A row's group is its index in its file modulo `groups`, so groups do not depend on chunking. Each chunk is
+    split into its groups once and every correction folds the same group chunks (rounds, what-if, worst
+    sequences and bootstrap off); the full result merges every group, a leave-one-out result all but one.
+    """
+    if threads:
+        torch.set_num_threads(threads)
+    if groups < 1:
+        raise UsageError(f"row groups must be at least 1, got {groups}", hint="use 10")
+    device_ = resolve_device(device)
+    parts = {name: [Analysis(correction, device_, dtype, rounds=False, bootstrap=0, extras=False)
+                    for _ in range(groups)] for name, correction in corrections.items()}
+    compute_dtype = DTYPES[dtype]  # known: Analysis refused any other
+    for whole in batches:
+        for batch in bounded(whole, MAX_CHUNK_POSITIONS):
+            group_of = (batch.first_row + np.arange(batch.num_rows)) % groups
+            for g in np.unique(group_of).tolist():
+                part = batch if groups == 1 else batch.select_rows(group_of == g)
+                chunk = make_chunk(part, device_, compute_dtype)
+                for analyses in parts.values():
+                    analyses[g].fold(part, chunk)
+    return {name: _leave_one_out(analyses, source_names) for name, analyses in parts.items()}
+
+
+def _merged(analyses: list[Analysis]) -> Analysis:
+    # Copies: Analysis.merge may adopt the other side's per-file state, which a later merge would then change.
+    merged = copy.deepcopy(analyses[0])
+    for other in analyses[1:]:
+        merged.merge(copy.deepcopy(other))
+    return merged
+
+
+def _leave_one_out(analyses: list[Analysis], source_names: tuple[str, ...]) -> ManyResult:
+    filled = [a for a in analyses if a.any_rows]
+    overall = _merged(filled or analyses).finish(source_names)
+    rest: list[BatchResult | None] = []
+    for skipped in range(len(filled) if len(filled) > 1 else 0):
+        try:
+            rest.append(_merged([a for i, a in enumerate(filled) if i != skipped]).finish(source_names).overall)
+        except (DataError, ConfigError):
+            rest.append(None)
+    return ManyResult(overall, rest, len(filled))
 
 
 def _label_order(item: tuple[Any, Any]) -> tuple[bool, Any]:

@@ -1,5 +1,5 @@
 """Golden output: whole terminal outputs of analyze (summary and --full), compare (two and three runs), check,
-presets and metrics at 80 and 120 columns.
+replay, presets and metrics at 80 and 120 columns.
 
 After an intended change to what a command prints, regenerate the snapshots with
 
@@ -36,6 +36,7 @@ CASES = {
                      "sample_data/packed.safetensors", *FAST),
     "check": ("check", "sample_data/multi_turn.parquet", "--fail-on", "abs(rollout_corr/kl)<=0.01",
               "--fail-on", "rollout_corr/chi2_token<=1", *FAST),
+    "replay": ("replay", "sample_data/real/top_p_bug.parquet", "--trainers", "verl,xtuner,trl", "--device", "cpu"),
     "presets": ("presets",),
     "metrics": ("metrics", "chi2"),
 }
