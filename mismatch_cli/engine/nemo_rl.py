@@ -85,15 +85,16 @@ class NemoRlAccumulator(Accumulator):
         state, spec = self.state, self.spec
         state.add("tokens", float(old.numel()))
         state.add("rows", float(lengths.numel()))
-        if not old.numel():
-            return
-        state.add("mult", torch.exp(torch.abs(rollout - old)))
-        state.add("gen_kl", kl_terms(old - rollout, spec.kl_type))  # log-ratio train - rollout
-        state.add("policy_kl", kl_terms(rollout - old, spec.kl_type))
-        state.add("js", js_terms(old, rollout))
+        if old.numel():
+            state.add("mult", torch.exp(torch.abs(rollout - old)))
+            state.add("gen_kl", kl_terms(old - rollout, spec.kl_type))  # log-ratio train - rollout
+            state.add("policy_kl", kl_terms(rollout - old, spec.kl_type))
+            state.add("js", js_terms(old, rollout))
+        # Rows without a token still have a sequence weight (exp(0) = 1) and a seq-mask-tis verdict.
         weights, outside = nemo_weights(old, rollout, lengths, spec)
-        state.add("weights", weights)
-        if outside is None:
+        if weights.numel():
+            state.add("weights", weights)
+        if outside is None or not outside.numel():
             return
         if spec.truncation == "seq-mask-tis":
             state.add("outside", outside)  # rows
