@@ -154,7 +154,8 @@ def test_jackknife_and_disagreement_rules() -> None:
     assert not disagree(Cell(kl, 0.1, None), Cell(kl, 5.0, 0.0))  # no noise estimate: nothing marked
 
 
-def test_top_p_bug_marks_trl_sequence_mask_against_verl_token_tis(report: ReplayReport) -> None:
+def test_top_p_bug_marks_trl_sequence_mask_against_verl_token_tis() -> None:
+    report = replay([str(DUMP)], ["verl", "xtuner", "trl"], device="cpu")
     row = next(r for r in report.rows if r.concept == "weight_mean")
     assert row.cells["verl"].disagrees and row.cells["trl"].disagrees
     assert row.why is not None and "trl" in row.why and "verl" in row.why
