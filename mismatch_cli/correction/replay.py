@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from mismatch_cli.correction.model import CORRECTION_FAMILIES, ReplayFamily
 from mismatch_cli.correction.nemo_rl import FAMILY as NEMO_RL
+from mismatch_cli.correction.skyrl import FAMILY as SKYRL
 from mismatch_cli.correction.trl import FAMILY as TRL
 
 REPLAY_FAMILIES: dict[str, ReplayFamily] = {family.name: family for family in (
     TRL,
+    SKYRL,
     NEMO_RL,
 )}
 FAMILIES: tuple[str, ...] = (*CORRECTION_FAMILIES, *REPLAY_FAMILIES)

@@ -12,14 +12,17 @@ from typing import Any
 import torch
 
 from mismatch_cli.correction.nemo_rl import NemoRlSpec
+from mismatch_cli.correction.skyrl import SkyrlSpec
 from mismatch_cli.correction.trl import TrlSpec
 from mismatch_cli.engine.nemo_rl import NemoRlAccumulator
 from mismatch_cli.engine.protocol import Accumulator
+from mismatch_cli.engine.skyrl import SkyrlAccumulator
 from mismatch_cli.engine.trl import TrlAccumulator
 
 ACCUMULATORS: dict[type, Callable[[Any, torch.device], Accumulator]] = {
     TrlSpec: TrlAccumulator,
     NemoRlSpec: NemoRlAccumulator,
+    SkyrlSpec: SkyrlAccumulator,
 }
 
 

@@ -32,6 +32,12 @@ RUNS = (
      "--is-mask-threshold", "5,0.2", "--veto-threshold", "20,1e-4"),
     ("--semantics", "xtuner-2025-12", "--is-level", "geometric", "--is-mode", "mask", "--is-threshold", "1.01,0.99"),
     ("--semantics", "trl", "--set", "vllm_importance_sampling_mode=token_truncate"),
+    ("--semantics", "skyrl", "--set", "tis_ratio_type=token", "--set", "sequence_mask_metric=geometric", "--set",
+     "outlier_token_is_threshold_high=100", "--set", "token_mask_is_threshold_low=0.5", "--set",
+     "token_mask_is_threshold_high=2"),
+    ("--semantics", "skyrl", "--set", "tis_ratio_type=sequence", "--set", "sequence_mask_metric=product"),
+    ("--semantics", "nemo-rl", "--set", "use_importance_sampling_correction=true", "--set",
+     "truncated_importance_sampling_type=tis", "--set", "truncated_importance_sampling_ratio=2.0"),
 )
 
 
