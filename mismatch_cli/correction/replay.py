@@ -7,10 +7,12 @@ fields (given one by one or in the `[correction]` table); docs/trainers.md says 
 from __future__ import annotations
 
 from mismatch_cli.correction.model import CORRECTION_FAMILIES, ReplayFamily
+from mismatch_cli.correction.prime_rl import FAMILY as PRIME_RL
 from mismatch_cli.correction.trl import FAMILY as TRL
 
 REPLAY_FAMILIES: dict[str, ReplayFamily] = {family.name: family for family in (
     TRL,
+    PRIME_RL,
 )}
 FAMILIES: tuple[str, ...] = (*CORRECTION_FAMILIES, *REPLAY_FAMILIES)
 # The rows of `mismatch replay`: a concept each trainer may log under its own key (ReplayFamily.concepts).

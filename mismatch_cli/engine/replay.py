@@ -11,12 +11,15 @@ from typing import Any
 
 import torch
 
+from mismatch_cli.correction.prime_rl import PrimeRlSpec
 from mismatch_cli.correction.trl import TrlSpec
+from mismatch_cli.engine.prime_rl import PrimeRlAccumulator
 from mismatch_cli.engine.protocol import Accumulator
 from mismatch_cli.engine.trl import TrlAccumulator
 
 ACCUMULATORS: dict[type, Callable[[Any, torch.device], Accumulator]] = {
     TrlSpec: TrlAccumulator,
+    PrimeRlSpec: PrimeRlAccumulator,
 }
 
 
