@@ -32,6 +32,7 @@ RUNS = (
      "--is-mask-threshold", "5,0.2", "--veto-threshold", "20,1e-4"),
     ("--semantics", "xtuner-2025-12", "--is-level", "geometric", "--is-mode", "mask", "--is-threshold", "1.01,0.99"),
     ("--semantics", "trl", "--set", "vllm_importance_sampling_mode=token_truncate"),
+    ("--semantics", "prime-rl"),
 )
 
 
