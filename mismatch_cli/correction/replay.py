@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from mismatch_cli.correction.model import CORRECTION_FAMILIES, ReplayFamily
 from mismatch_cli.correction.nemo_rl import FAMILY as NEMO_RL
+from mismatch_cli.correction.prime_rl import FAMILY as PRIME_RL
 from mismatch_cli.correction.skyrl import FAMILY as SKYRL
 from mismatch_cli.correction.trl import FAMILY as TRL
 
@@ -15,6 +16,7 @@ REPLAY_FAMILIES: dict[str, ReplayFamily] = {family.name: family for family in (
     TRL,
     SKYRL,
     NEMO_RL,
+    PRIME_RL,
 )}
 FAMILIES: tuple[str, ...] = (*CORRECTION_FAMILIES, *REPLAY_FAMILIES)
 # The rows of `mismatch replay`: a concept each trainer may log under its own key (ReplayFamily.concepts).

@@ -12,9 +12,11 @@ from typing import Any
 import torch
 
 from mismatch_cli.correction.nemo_rl import NemoRlSpec
+from mismatch_cli.correction.prime_rl import PrimeRlSpec
 from mismatch_cli.correction.skyrl import SkyrlSpec
 from mismatch_cli.correction.trl import TrlSpec
 from mismatch_cli.engine.nemo_rl import NemoRlAccumulator
+from mismatch_cli.engine.prime_rl import PrimeRlAccumulator
 from mismatch_cli.engine.protocol import Accumulator
 from mismatch_cli.engine.skyrl import SkyrlAccumulator
 from mismatch_cli.engine.trl import TrlAccumulator
@@ -23,6 +25,7 @@ ACCUMULATORS: dict[type, Callable[[Any, torch.device], Accumulator]] = {
     TrlSpec: TrlAccumulator,
     NemoRlSpec: NemoRlAccumulator,
     SkyrlSpec: SkyrlAccumulator,
+    PrimeRlSpec: PrimeRlAccumulator,
 }
 
 

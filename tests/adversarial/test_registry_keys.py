@@ -38,6 +38,7 @@ RUNS = (
     ("--semantics", "skyrl", "--set", "tis_ratio_type=sequence", "--set", "sequence_mask_metric=product"),
     ("--semantics", "nemo-rl", "--set", "use_importance_sampling_correction=true", "--set",
      "truncated_importance_sampling_type=tis", "--set", "truncated_importance_sampling_ratio=2.0"),
+    ("--semantics", "prime-rl"),
 )
 
 
