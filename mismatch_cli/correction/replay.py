@@ -7,10 +7,14 @@ fields (given one by one or in the `[correction]` table); docs/trainers.md says 
 from __future__ import annotations
 
 from mismatch_cli.correction.model import CORRECTION_FAMILIES, ReplayFamily
+from mismatch_cli.correction.slime import FAMILY as SLIME
+from mismatch_cli.correction.slime import MIS_FAMILY as SLIME_MIS
 from mismatch_cli.correction.trl import FAMILY as TRL
 
 REPLAY_FAMILIES: dict[str, ReplayFamily] = {family.name: family for family in (
     TRL,
+    SLIME,
+    SLIME_MIS,
 )}
 FAMILIES: tuple[str, ...] = (*CORRECTION_FAMILIES, *REPLAY_FAMILIES)
 # The rows of `mismatch replay`: a concept each trainer may log under its own key (ReplayFamily.concepts).

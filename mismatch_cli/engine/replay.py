@@ -11,12 +11,16 @@ from typing import Any
 
 import torch
 
+from mismatch_cli.correction.slime import SlimeMisSpec, SlimeSpec
 from mismatch_cli.correction.trl import TrlSpec
 from mismatch_cli.engine.protocol import Accumulator
+from mismatch_cli.engine.slime import SlimeAccumulator, SlimeMisAccumulator
 from mismatch_cli.engine.trl import TrlAccumulator
 
 ACCUMULATORS: dict[type, Callable[[Any, torch.device], Accumulator]] = {
     TrlSpec: TrlAccumulator,
+    SlimeSpec: SlimeAccumulator,
+    SlimeMisSpec: SlimeMisAccumulator,
 }
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from mismatch_cli.metrics.model import Family, Metric
-from mismatch_cli.metrics.trainers import trl
+from mismatch_cli.metrics.trainers import slime, trl
 
-MODULES = (trl,)
+MODULES = (trl, slime)
 TRAINER_FAMILIES: tuple[Family, ...] = tuple(module.FAMILY for module in MODULES)
 TRAINER_METRICS: tuple[Metric, ...] = tuple(metric for module in MODULES for metric in module.METRICS)
 
