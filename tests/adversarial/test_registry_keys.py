@@ -32,6 +32,10 @@ RUNS = (
      "--is-mask-threshold", "5,0.2", "--veto-threshold", "20,1e-4"),
     ("--semantics", "xtuner-2025-12", "--is-level", "geometric", "--is-mode", "mask", "--is-threshold", "1.01,0.99"),
     ("--semantics", "trl", "--set", "vllm_importance_sampling_mode=token_truncate"),
+    ("--semantics", "slime", "--set", "use_tis=true"),
+    ("--semantics", "slime-mis"),
+    ("--semantics", "slime-mis", "--set", "tis_mode=clip"),
+    ("--semantics", "slime-mis", "--set", "tis_mode=mask"),
 )
 
 
