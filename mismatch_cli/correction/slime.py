@@ -265,7 +265,8 @@ MIS_FAMILY = ReplayFamily(
            "rs_upper_bound": "number", "rs_veto_threshold": "number", "tis_batch_normalize": "bool"},
     resolve=resolve_slime_mis,
     describe=describe_slime_mis,
-    lead_keys=("train/mis_is_ratio_mean_final", "train/mis_k3_kl", "train/train_rollout_logprob_abs_diff"),
+    # train/train_rollout_logprob_abs_diff leads through semantics slime's list (Key metrics lists each key once).
+    lead_keys=("train/mis_is_ratio_mean_final", "train/mis_k3_kl"),
     concepts={"abs_diff": "train/train_rollout_logprob_abs_diff", "kl": "train/mis_kl",
               "chi2": "train/mis_chi2_token", "weight_mean": "train/mis_is_ratio_mean_final",
               "truncated": "train/mis_tis_truncate_fraction", "masked": "train/mis_rs_mask_fraction_high",
