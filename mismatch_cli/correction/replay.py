@@ -10,11 +10,15 @@ from mismatch_cli.correction.model import CORRECTION_FAMILIES, ReplayFamily
 from mismatch_cli.correction.nemo_rl import FAMILY as NEMO_RL
 from mismatch_cli.correction.prime_rl import FAMILY as PRIME_RL
 from mismatch_cli.correction.skyrl import FAMILY as SKYRL
+from mismatch_cli.correction.slime import FAMILY as SLIME
+from mismatch_cli.correction.slime import MIS_FAMILY as SLIME_MIS
 from mismatch_cli.correction.trl import FAMILY as TRL
 
 REPLAY_FAMILIES: dict[str, ReplayFamily] = {family.name: family for family in (
     TRL,
     SKYRL,
+    SLIME,
+    SLIME_MIS,
     NEMO_RL,
     PRIME_RL,
 )}

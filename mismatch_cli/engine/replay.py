@@ -14,11 +14,13 @@ import torch
 from mismatch_cli.correction.nemo_rl import NemoRlSpec
 from mismatch_cli.correction.prime_rl import PrimeRlSpec
 from mismatch_cli.correction.skyrl import SkyrlSpec
+from mismatch_cli.correction.slime import SlimeMisSpec, SlimeSpec
 from mismatch_cli.correction.trl import TrlSpec
 from mismatch_cli.engine.nemo_rl import NemoRlAccumulator
 from mismatch_cli.engine.prime_rl import PrimeRlAccumulator
 from mismatch_cli.engine.protocol import Accumulator
 from mismatch_cli.engine.skyrl import SkyrlAccumulator
+from mismatch_cli.engine.slime import SlimeAccumulator, SlimeMisAccumulator
 from mismatch_cli.engine.trl import TrlAccumulator
 
 ACCUMULATORS: dict[type, Callable[[Any, torch.device], Accumulator]] = {
@@ -26,6 +28,8 @@ ACCUMULATORS: dict[type, Callable[[Any, torch.device], Accumulator]] = {
     NemoRlSpec: NemoRlAccumulator,
     SkyrlSpec: SkyrlAccumulator,
     PrimeRlSpec: PrimeRlAccumulator,
+    SlimeSpec: SlimeAccumulator,
+    SlimeMisSpec: SlimeMisAccumulator,
 }
 
 
