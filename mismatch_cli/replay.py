@@ -30,7 +30,7 @@ SIGMAS = 3.0  # a disagreement is beyond SIGMAS combined jackknife standard erro
 # The traits that can explain a disagreement on each concept, most likely first.
 REASONS: dict[str, tuple[str, ...]] = {
     "abs_diff": ("reduction",),
-    "kl": ("reduction", "clamp"),
+    "kl": ("estimator", "reduction", "clamp"),
     "chi2": ("clamp", "reduction"),
     "weight_mean": ("sequence", "threshold", "clamp", "reduction"),
     "truncated": ("threshold", "sequence", "reduction"),
@@ -159,7 +159,8 @@ def disagree(a: Cell, b: Cell, sigmas: float = SIGMAS) -> bool:
 def why(concept: str, first: Trainer, second: Trainer) -> str:
     """One line: the trait that most likely explains why two trainers disagree on a concept."""
     order = [*REASONS.get(concept, ()), *(t for t in TRAITS if t not in REASONS.get(concept, ()))]
-    differing = [t for t in order if first.traits.get(t, "?") != second.traits.get(t, "?")]
+    differing = [t for t in order if t in first.traits and t in second.traits  # traits both state
+                 and first.traits[t] != second.traits[t]]
     label = CONCEPTS[concept]
     if not differing:
         return (f"{label}: {first.name} and {second.name} state the same traits: the keys' formulas differ "
@@ -203,7 +204,8 @@ def replay(paths: Sequence[str], names: Sequence[str] | None = None, read_option
     from mismatch_cli.engine.runner import run_many  # torch is imported only when the replay really runs
 
     columns = [trainers()[name] for name in choose_trainers(names)]
-    corrections = {t.name: resolve_family(t.name, dict(t.fields))[0] for t in columns}
+    resolved = {t.name: resolve_family(t.name, dict(t.fields)) for t in columns}
+    corrections = {name: correction for name, (correction, _) in resolved.items()}
     read_options = read_options or ReadOptions()
     files = discover_inputs(paths, read_options.input_format)
     source_names = tuple(f.path for f in files)
@@ -214,6 +216,12 @@ def replay(paths: Sequence[str], names: Sequence[str] | None = None, read_option
     notes = [t.note and f"{t.name}: {t.note}" for t in columns]
     for trainer in columns:
         notes += [f"{trainer.name}: {note}" for note in results[trainer.name].overall.overall.notes]
+    for trainer in columns:  # a trainer whose defaults log none of the concepts (SkyRL: correction off)
+        logged = results[trainer.name].overall.overall.metrics
+        if trainer.name in REPLAY_FAMILIES and not any(key in logged for key in trainer.concepts.values()):
+            setting = REPLAY_FAMILIES[trainer.name].describe(resolved[trainer.name][1])
+            notes.append(f"{trainer.name}: its defaults log none of these ({setting}); "
+                         f"analyze --semantics {trainer.name} --set FIELD=VALUE turns its correction on")
     if first.groups < 2:
         notes.append(f"only {first.groups} of {groups} row groups hold a row: no noise estimate, nothing is marked")
     return ReplayReport(inputs=list(source_names), trainers=columns, rows=_rows(columns, results, sigmas),

@@ -226,6 +226,7 @@ XTUNER_CONCEPTS: dict[str, str] = {
     "dropped": "mismatch/rollout_is_veto_fraction",
 }
 XTUNER_TRAITS: dict[str, str] = {
+    "estimator": "k1: token mean of rollout - train (signed)",
     "sequence": "no IS weight by default (rollout_is_threshold unset)",
     "clamp": "weights clamped at both ends [lower, upper] when IS is on",
     "reduction": "token mean per pack (one input file), packs merged by their mean",

@@ -110,7 +110,8 @@ FAMILY = ReplayFamily(
     describe=describe_prime_rl,
     lead_keys=("mismatch_kl/all/mean", "is_masked/mean"),
     concepts={"kl": "mismatch_kl/all/mean", "masked": "is_masked/mean"},
-    traits={"sequence": "none: every quantity is per token; a sample only averages its tokens",
+    traits={"estimator": "k3: exp(d) - d - 1 of train over inference",
+            "sequence": "none: every quantity is per token; a sample only averages its tokens",
             "clamp": "none on the log-ratio: exp(d) overflows to inf",
             "reduction": "mismatch_kl/all over all tokens; the loss keys a mean and max over samples of "
                          "per-sample token means",

@@ -24,17 +24,19 @@ REPLAY_FAMILIES: dict[str, ReplayFamily] = {family.name: family for family in (
 )}
 FAMILIES: tuple[str, ...] = (*CORRECTION_FAMILIES, *REPLAY_FAMILIES)
 # The rows of `mismatch replay`: a concept each trainer may log under its own key (ReplayFamily.concepts).
+# Labels stay short (d = old - rollout log-prob; shares are fractions) so eight trainers fit beside them.
 CONCEPTS: dict[str, str] = {
-    "abs_diff": "mean |old - rollout|",
-    "kl": "KL(rollout || train)",
+    "abs_diff": "mean |d|",
+    "kl": "KL estimate",
     "chi2": "chi-square",
-    "weight_mean": "IS weight mean (corrected)",
+    "weight_mean": "IS weight mean",
     "truncated": "share truncated",
     "masked": "share masked",
-    "dropped": "sequences dropped",
+    "dropped": "seqs dropped",
 }
-# The reasons trainers differ, in the order `replay` names them (ReplayFamily.traits).
-TRAITS = ("sequence", "clamp", "reduction", "threshold")
+# The reasons trainers differ, in the order `replay` names them (ReplayFamily.traits); `estimator` says which
+# KL estimate a trainer logs for the `kl` concept.
+TRAITS = ("estimator", "sequence", "clamp", "reduction", "threshold")
 
 
 def replay_fields() -> dict[str, str]:

@@ -192,6 +192,7 @@ VERL_CONCEPTS: dict[str, str] = {
     "dropped": "rollout_corr/rollout_rs_seq_masked_fraction",
 }
 VERL_TRAITS: dict[str, str] = {
+    "estimator": "k1: token mean of rollout - train (signed)",
     "sequence": "token level: one weight per token, no sequence weight",
     "clamp": "log-ratio clamped to [-20, 20] before exp",
     "reduction": "token mean over the batch's valid tokens",

@@ -9,6 +9,7 @@ from html import escape
 
 from rich.console import Console
 
+from mismatch_cli.correction import TRAITS
 from mismatch_cli.render.cells import format_value
 from mismatch_cli.render.html import STYLE
 from mismatch_cli.render.table import Grid, Kind, print_grid
@@ -17,26 +18,30 @@ from mismatch_cli.report import strict_json
 
 MARK = "*"
 ABSENT = "-"
+UNDEFINED = "n/a"
 
 
 def cell_text(cell: Cell) -> str:
     """A value as the table shows it: `-` when not logged, `*` before a value that disagrees beyond noise."""
     if cell.key is None:
         return ABSENT
+    if cell.value is None:
+        return UNDEFINED
     return (MARK if cell.disagrees else "") + format_value(cell.value)
 
 
 def legend(report: ReplayReport) -> str:
     """What the marks mean and how noise was judged."""
     return (f"{MARK} differs from another trainer beyond noise ({report.sigmas:g} delete-a-group jackknife SE over "
-            f"{report.groups} row groups) and beyond the minimal practical difference; {ABSENT} not logged")
+            f"{report.groups} row groups) and beyond the minimal practical difference; {ABSENT} not logged; "
+            f"{UNDEFINED} logged but not computable from this dump (see the notes); d is the log-ratio, old minus rollout log-prob")
 
 
 def replay_grid(report: ReplayReport) -> Grid:
     """Concepts as rows, trainers as columns; the concept column repeats in every block."""
     names = [t.name for t in report.trainers]
     rows = [[row.label, *(cell_text(row.cells[name]) for name in names)] for row in report.rows]
-    kinds: list[Kind] = ["wrap", *(["fixed"] * len(names))]
+    kinds: list[Kind] = ["fixed", *(["fixed"] * len(names))]
     return Grid(None, ["concept", *names], rows, kinds, ["left", *(["right"] * len(names))],
                 [None] * len(rows), 1)
 
@@ -117,8 +122,7 @@ def render_replay_html(report: ReplayReport) -> str:
     setting_rows = "".join(
         f"<tr><td>{escape(t.name)}</td><td class=\"prose\">{escape(t.title)}</td><td class=\"prose\">"
         f"{escape(', '.join(f'{k}={v}' for k, v in t.fields.items()) or 'defaults')}</td>"
-        + "".join(f'<td class="prose">{escape(t.traits.get(trait, ""))}</td>' for trait in ("sequence", "clamp",
-                                                                                          "reduction", "threshold"))
+        + "".join(f'<td class="prose">{escape(t.traits.get(trait, ""))}</td>' for trait in TRAITS)
         + "</tr>" for t in report.trainers)
     notes = "".join(f"<li>{escape(note)}</li>" for note in report.notes)
     parts = [
@@ -132,8 +136,8 @@ def render_replay_html(report: ReplayReport) -> str:
         f'<p class="note">{escape(legend(report))}; ± the jackknife standard error</p>',
         f"<h2>Why they disagree</h2><ul>{why}</ul>" if why else "",
         "<h2>Trainers</h2><div class=\"scroll\"><table><thead><tr><th>trainer</th><th class=\"prose\">title</th>"
-        "<th class=\"prose\">setting</th><th class=\"prose\">sequence</th><th class=\"prose\">clamp</th>"
-        "<th class=\"prose\">reduction</th><th class=\"prose\">threshold</th></tr></thead>"
+        "<th class=\"prose\">setting</th>" + "".join(f'<th class="prose">{trait}</th>' for trait in TRAITS)
+        + "</tr></thead>"
         f"<tbody>{setting_rows}</tbody></table></div>",
         f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "",
         f"<footer>{escape(report.device)}, {escape(report.dtype)}; one read of the input, every trainer on the same "
