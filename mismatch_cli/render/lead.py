@@ -113,11 +113,22 @@ def correction_text(config: Mapping[str, Any]) -> str:
     return ", ".join(parts) or str(config.get("semantics", "verl")) + " fields"
 
 
-def _short(key: str) -> str:
-    """A key as Key metrics names it: verl's and our prefixes dropped; TRL's `sampling/` keys keep their middle."""
-    if key.startswith("sampling/"):
-        return key[len("sampling/"):]
-    return key.split("/")[-1]
+REDUCTION_WORDS = ("mean", "max", "min", "std", "all")  # too generic to name a key on their own
+
+
+def _short(key: str, keys: Iterable[str] = ()) -> str:
+    """A key as Key metrics names it: its shortest tail of `/` parts that no other shown key shares and that is
+    more than a reduction word (`rollout_corr/kl` -> `kl`, `sampling/importance_sampling_ratio/mean` ->
+    `importance_sampling_ratio/mean`)."""
+    parts = key.split("/")
+    others = [k.split("/") for k in keys if k != key]
+    for size in range(1, len(parts) + 1):
+        tail = parts[-size:]
+        if tail[0] in REDUCTION_WORDS and size < len(parts):
+            continue
+        if not any(other[-size:] == tail for other in others):
+            return "/".join(tail)
+    return key
 
 
 def check_mark(check: Mapping[str, Any]) -> str:
@@ -302,7 +313,7 @@ def key_metrics(report: Report) -> tuple[str, list[KeyMetric]]:
     rows = []
     for key in keys:
         interval = report.intervals.get(key)
-        rows.append(KeyMetric(key, _short(key), format_value(report.metrics[key]),
+        rows.append(KeyMetric(key, _short(key, keys), format_value(report.metrics[key]),
                               (format_value(interval[0]), format_value(interval[1])) if interval else None,
                               explain(key, report.metrics[key], report.metrics, interval, sequence_level(report))))
     return ("Key metrics (95 % bootstrap interval)" if intervals else "Key metrics"), rows
