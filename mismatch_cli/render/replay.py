@@ -34,7 +34,8 @@ def legend(report: ReplayReport) -> str:
     """What the marks mean and how noise was judged."""
     return (f"{MARK} differs from another trainer beyond noise ({report.sigmas:g} delete-a-group jackknife SE over "
             f"{report.groups} row groups) and beyond the minimal practical difference; {ABSENT} not logged; "
-            f"{UNDEFINED} logged but not computable from this dump (see the notes); d is the log-ratio, old minus rollout log-prob")
+            f"{UNDEFINED} logged but not computable from this dump (see the notes); d is the log-ratio, old minus "
+            "rollout log-prob")
 
 
 def replay_grid(report: ReplayReport) -> Grid:
