@@ -97,3 +97,13 @@ def test_preset_tables_name_every_preset():
     for family in ("verl-0.6.1", "verl-0.7.0"):
         missing = [name for name in older_presets(family) if f"`{name}`" not in legacy]
         assert not missing, f"docs/legacy-semantics.md does not name {family} presets {missing}"
+
+
+def test_trainers_page_names_every_replayed_trainer_and_its_fields() -> None:
+    from mismatch_cli.correction import REPLAY_FAMILIES
+
+    page = (ROOT / "docs" / "trainers.md").read_text()
+    for name, family in REPLAY_FAMILIES.items():
+        assert f"| `{name}` |" in page, f"docs/trainers.md lacks a row for {name}"
+        missing = [field for field in family.defaults if f"`{field}`" not in page]
+        assert not missing, f"docs/trainers.md does not name {name}'s fields {missing}"
