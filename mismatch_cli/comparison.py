@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mismatch_cli.correction import REPLAY_FAMILIES
 from mismatch_cli.errors import DataError, UsageError, suggest
 from mismatch_cli.metrics import Direction, aliases_of, closest, resolve_name
 from mismatch_cli.metrics import direction_of as registry_direction
@@ -61,6 +62,8 @@ HEADLINE = (
     "mismatch/mismatch_logprob_abs_diff",
     "mismatch/rollout_is_mean",
     "mismatch/rollout_is_eff_sample_size",
+    # A replayed trainer (--semantics trl, ...) compares by its own lead keys (no intervals there either).
+    *(key for family in REPLAY_FAMILIES.values() for key in family.lead_keys),
 )
 
 def direction_of(metric: str) -> Direction | None:
@@ -331,7 +334,8 @@ def compare_reports(
     if unjudged:
         shown = ", ".join(unjudged[:4]) + (f" and {len(unjudged) - 4} more" if len(unjudged) > 4 else "")
         notes.append(f"no bootstrap intervals for {shown}: their changes are judged by direction alone "
-                     "(reports made with --bootstrap 0 or by an older version have none)")
+                     "(the bootstrap covers verl's and mismatch's keys, not an older family's or a replayed "
+                     "trainer's; reports made with --bootstrap 0 or by an older version have none)")
     return Comparison(base_label, candidate_label, rows, _compare_rounds(base, candidate), notes, check,
                       not unjudged)
 
