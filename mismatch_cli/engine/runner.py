@@ -387,15 +387,46 @@ def _merged(analyses: list[Analysis]) -> Analysis:
     return merged
 
 
+def _prefix_merges(analyses: list[Analysis]) -> list[Analysis | None]:
+    """Entry i: the merge of analyses[:i] in order (None for i = 0), each a separate copy."""
+    out: list[Analysis | None] = [None]
+    acc: Analysis | None = None
+    for analysis in analyses[:-1]:
+        if acc is None:
+            acc = copy.deepcopy(analysis)
+        else:
+            acc.merge(copy.deepcopy(analysis))
+        out.append(copy.deepcopy(acc))
+    return out
+
+
+def _suffix_merges(analyses: list[Analysis]) -> list[Analysis | None]:
+    """Entry i: the merge of analyses[i + 1:] in order (None for the last), each a separate copy."""
+    out: list[Analysis | None] = [None]
+    acc: Analysis | None = None
+    for analysis in reversed(analyses[1:]):
+        left = copy.deepcopy(analysis)
+        if acc is not None:
+            left.merge(acc)  # the earlier group first: merges keep the rows' order
+        acc = left
+        out.append(copy.deepcopy(acc))
+    return out[::-1]
+
+
 def _leave_one_out(analyses: list[Analysis], source_names: tuple[str, ...]) -> ManyResult:
     filled = [a for a in analyses if a.any_rows]
     overall = _merged(filled or analyses).finish(source_names)
     rest: list[BatchResult | None] = []
-    for skipped in range(len(filled) if len(filled) > 1 else 0):
-        try:
-            rest.append(_merged([a for i, a in enumerate(filled) if i != skipped]).finish(source_names).overall)
-        except (DataError, ConfigError):
-            rest.append(None)
+    if len(filled) > 1:
+        # Each leave-one-out state is (groups before it) + (groups after it): O(G) merges, not O(G^2).
+        for before, after in zip(_prefix_merges(filled), _suffix_merges(filled), strict=True):
+            merged = before if after is None else after if before is None else before
+            if before is not None and after is not None:
+                merged.merge(after)
+            try:
+                rest.append(merged.finish(source_names).overall)  # type: ignore[union-attr]
+            except (DataError, ConfigError):
+                rest.append(None)
     return ManyResult(overall, rest, len(filled))
 
 
