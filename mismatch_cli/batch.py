@@ -21,7 +21,9 @@ class Batch:
     `groups` maps a column name (e.g. `env_name`) to one label per row (int64, or an object array
     of str / None), for `--by COLUMN`. `advantages` is the per-token advantage (float64, NaN where
     unknown; a per-row advantage repeated over the row's positions) when the dump has one, else None:
-    only a replayed trainer that masks on it (prime-rl) reads it.
+    only a replayed trainer that masks on it (prime-rl) reads it. `process_index` is the rank of
+    the trainer process that held each row (int64 per row) when the dump says so, else None: only a
+    replayed trainer that averages over processes (TRL) reads it.
     """
 
     old_log_probs: np.ndarray
@@ -35,6 +37,7 @@ class Batch:
     labels: dict[str, str] = field(default_factory=dict)
     groups: dict[str, np.ndarray] = field(default_factory=dict)
     advantages: np.ndarray | None = None
+    process_index: np.ndarray | None = None
 
     @property
     def num_rows(self) -> int:
@@ -73,6 +76,7 @@ class Batch:
             labels=self.labels,
             groups={name: values[rows] for name, values in self.groups.items()},
             advantages=None if self.advantages is None else self.advantages[positions],
+            process_index=None if self.process_index is None else self.process_index[rows],
         )
 
     def slice_rows(self, start: int, stop: int) -> Batch:
@@ -90,6 +94,7 @@ class Batch:
             labels=self.labels,
             groups={name: values[start:stop] for name, values in self.groups.items()},
             advantages=None if self.advantages is None else self.advantages[a:b],
+            process_index=None if self.process_index is None else self.process_index[start:stop],
         )
 
 
@@ -117,5 +122,6 @@ def concat_rows(batches: list[Batch]) -> Batch:
         labels=first.labels,
         groups={name: np.concatenate([b.groups[name] for b in batches]) for name in first.groups},
         advantages=joined([b.advantages for b in batches]),
+        process_index=joined([b.process_index for b in batches]),
     )
 

@@ -172,6 +172,7 @@ def write_dump(
     groups: Mapping[str, Any] | None = None,
     uid: Any = None,
     advantages: Any = None,
+    process_index: int | None = None,
     dtype: str = "float32",
 ) -> Path:
     """Write one batch of `[B, T]` trainer / rollout log-probs and mask as a wide parquet dump; returns its path.
@@ -181,7 +182,8 @@ def write_dump(
     `path` is a folder (one `step_{step:06d}.parquet` per call; `dump_{n:06d}.parquet` without a step;
     a call for an existing step replaces its file) or a `.parquet` file. `groups` adds per-row label
     columns for `--by NAME`, `uid` per-row sequence ids, `advantages` a per-token `[B, T]` or per-row `[B]`
-    advantage (prime-rl's replay masks on its sign). Log-probs are stored as `dtype` (float32 or
+    advantage (prime-rl's replay masks on its sign), `process_index` the rank of the process writing the
+    rows (TRL's replay averages per process first). Log-probs are stored as `dtype` (float32 or
     float64), the mask as int8, each row at its full padded length (the padding is masked out).
     """
     import pyarrow as pa
@@ -212,6 +214,11 @@ def write_dump(
         columns["step"] = pa.array(np.full(rows, number, dtype=np.int64))
     if uid is not None:
         columns["uid"] = _labels(uid, "uid", rows)
+    if process_index is not None:
+        if isinstance(process_index, bool) or not isinstance(process_index, (int, np.integer)) or process_index < 0:
+            raise UsageError(f"write_dump: process_index must be an integer >= 0, got {process_index!r}",
+                             hint="pass process_index=self.accelerator.process_index (or leave it out)")
+        columns["process_index"] = pa.array(np.full(rows, int(process_index), dtype=np.int64))
     if advantages is not None:
         columns["advantages"] = _advantages(as_array(advantages, "advantages"), rows, width, column, float_type, dtype)
     if groups is not None and not isinstance(groups, Mapping):

@@ -71,3 +71,29 @@ def test_the_report_and_the_screen_name_trls_effective_fields(tmp_path: Path) ->
                                  "vllm_importance_sampling_mode=token_truncate", "--bootstrap", "0"]).stdout
     assert "correction: vllm_importance_sampling_mode=token_truncate, vllm_importance_sampling_clip_max=3.0" in screen
     assert "rollout_is_threshold" not in screen
+
+
+@pytest.mark.parametrize("name", ["uneven_processes_token_mask", "process_without_tokens_sequence_mask",
+                                  "two_processes_token_truncate"])
+def test_a_process_index_column_reproduces_trls_mean_over_processes(name: str, tmp_path: Path) -> None:
+    case = CASES[name]
+    ranks = [next(rank for rank, rows in enumerate(case["processes"]) if row in rows)
+             for row in range(len(case["response_mask"]))]
+    dump = _dump(case, tmp_path)
+    pq.write_table(pq.read_table(dump).append_column("process_index", pa.array(ranks, type=pa.int64())), dump)
+    settings = [arg for k, v in case["settings"].items() for arg in ("--set", f"{k}={v}")]
+    result = CliRunner().invoke(app, ["analyze", str(dump), "--semantics", "trl", *settings, "--dtype", "float64",
+                                      "--format", "json", "--bootstrap", "0", "-q"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    ours = _keys(result.stdout)
+    assert all(close(ours[k], float(v), 1e-9, 1e-12) for k, v in case["fp64"]["metrics"].items()), ours
+
+
+def test_a_null_process_index_names_its_row(tmp_path: Path) -> None:
+    dump = _dump(CASES["defaults"], tmp_path)
+    rows = len(CASES["defaults"]["response_mask"])
+    pq.write_table(pq.read_table(dump).append_column(
+        "process_index", pa.array([0] * (rows - 1) + [None], type=pa.int64())), dump)
+    result = CliRunner().invoke(app, ["analyze", str(dump), "--semantics", "trl"])
+    assert result.exit_code == 3
+    assert f"row {rows - 1}" in result.output and "process_index" in result.output

@@ -187,3 +187,13 @@ def test_advantages_per_token_or_per_row_read_back(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"advantages have shape \(3,\)"):
         mismatch_cli.write_dump(tmp_path / "bad.parquet", advantages=np.zeros(3), **batch)
     assert not (tmp_path / "bad.parquet").exists()
+
+
+def test_process_index_is_a_per_row_column(tmp_path: Path) -> None:
+    from mismatch_cli.errors import UsageError
+
+    batch = make_batch(6)
+    path = mismatch_cli.write_dump(tmp_path / "rank1.parquet", process_index=1, **batch)
+    assert set(pq.read_table(path).column("process_index").to_pylist()) == {1}
+    with pytest.raises(UsageError, match="process_index must be an integer"):
+        mismatch_cli.write_dump(tmp_path / "bad.parquet", process_index=-1, **batch)

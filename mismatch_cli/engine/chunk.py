@@ -45,6 +45,7 @@ class Chunk:
     first_row: int = 0  # row index, within `source`, of the chunk's row 0
     sequence_ids: np.ndarray | None = None  # [B] id column values, when the dump has one
     steps: np.ndarray | None = None  # [B] training step per row, when known
+    process_index: np.ndarray | None = None  # [B] rank of the trainer process that held each row, when known
     layout: Layout | None = None  # where the valid tokens and rounds sit among the positions (device)
     # The raw positions (old, rollout, mask; device, input dtype) for a family that reads every masked-in
     # token whatever its value, as TRL does (a NaN rollout log-prob is a weight of 1 there, not an exclusion).
@@ -348,6 +349,7 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype) -> Chunk:
         first_row=batch.first_row,
         sequence_ids=batch.sequence_ids,
         steps=batch.steps,
+        process_index=batch.process_index,
         layout=layout,
         positions=positions,
         advantages=None if advantages is None else advantages.to(dtype),

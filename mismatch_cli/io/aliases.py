@@ -40,6 +40,9 @@ ROLE_ALIASES: dict[str, tuple[str, ...]] = {
 
 # An optional per-token (or per-row) advantage, for a replayed trainer that masks on its sign (prime-rl).
 ADVANTAGE_ALIASES: tuple[str, ...] = ("advantages", "advantage", "token_advantages")
+# An optional per-row rank of the trainer process that held the row (accelerate's name), for a replayed
+# trainer that reduces per process first (TRL).
+PROCESS_COLUMN = "process_index"
 
 
 def check_options(options: ReadOptions) -> None:

@@ -22,7 +22,7 @@ from ._common import (
     reason,
     row_at,
 )
-from .aliases import ADVANTAGE_ALIASES, resolve_roles
+from .aliases import ADVANTAGE_ALIASES, PROCESS_COLUMN, resolve_roles
 from .arrays import to_numpy
 from .options import ReadOptions
 from .remote import is_remote, open_remote, store_error
@@ -60,6 +60,15 @@ def _check_role_type(field: pa.Field, role: str, source: str) -> None:
         f"expected {expected} for {role}, got {field.type} in {source} column {field.name!r}",
         hint=f"store {role} as one list per row, or point --column {role}=NAME at the right column",
     )
+
+
+def _process_index(column: pa.Array, name: str, source: str, first_row: int) -> np.ndarray:
+    """The per-row process rank; a null names its row."""
+    if column.null_count:
+        row = int(np.argmax(to_numpy(column.is_null())))
+        raise InputError(f"expected a {name} on every row, got null in {source} row {first_row + row} column {name!r}",
+                         hint=f"write the rank that held each row, or drop the {name} column")
+    return int64_values(to_numpy(column), name, f"{source} column {name!r}", first_row)
 
 
 def _check_advantage_type(field: pa.Field, source: str) -> None:
@@ -206,9 +215,13 @@ def _read_open(handle: pq.ParquetFile, path: str, options: ReadOptions,
     advantage_name = next((n for n in ADVANTAGE_ALIASES if n in available and n not in names.values()), None)
     if advantage_name is not None:
         _check_advantage_type(schema.field(advantage_name), path)
-    needed = list(
-        dict.fromkeys([*names.values(), *(n for n in (step_name, id_name, advantage_name) if n is not None), *groups])
-    )
+    process_name = PROCESS_COLUMN if PROCESS_COLUMN in available else None
+    if process_name is not None and not pa.types.is_integer(schema.field(process_name).type):
+        raise InputError(f"expected an integer {process_name} column (the rank that held each row), got "
+                         f"{schema.field(process_name).type} in {path}",
+                         hint=f"store {process_name} as an integer per row, or rename the column")
+    extra = (step_name, id_name, advantage_name, process_name)
+    needed = list(dict.fromkeys([*names.values(), *(n for n in extra if n is not None), *groups]))
 
     metadata = handle.metadata
     selected = range(metadata.num_row_groups) if row_groups is None else row_groups
@@ -220,7 +233,8 @@ def _read_open(handle: pq.ParquetFile, path: str, options: ReadOptions,
             for record_batch in handle.iter_batches(batch_size=options.chunk_rows, columns=needed, row_groups=[group]):
                 if record_batch.num_rows == 0:
                     continue
-                yield _to_batch(record_batch, names, step_name, id_name, groups, path, first_row, advantage_name)
+                yield _to_batch(record_batch, names, step_name, id_name, groups, path, first_row, advantage_name,
+                                process_name)
                 first_row += record_batch.num_rows
     except (pa.ArrowException, OSError) as exc:
         raise _read_error(path, exc, f" (after row {first_row})") from exc
@@ -244,6 +258,7 @@ def _to_batch(
     source: str,
     first_row: int,
     advantage_name: str | None = None,
+    process_name: str | None = None,
 ) -> Batch:
     values: dict[str, np.ndarray] = {}
     offsets: dict[str, np.ndarray] = {}
@@ -285,6 +300,8 @@ def _to_batch(
         groups={name: _group_values(record_batch.column(name), f"{source} column {name!r}", first_row)
                 for name in groups},
         advantages=advantages,
+        process_index=_process_index(record_batch.column(process_name), process_name, source, first_row)
+        if process_name else None,
     )
 
 

@@ -2,14 +2,15 @@
 
 The weights are checked through the family's own formulas (`engine/trl.py`) on the tokens the engine
 reads; the five `sampling/*` keys through `run()`. A non-finite TRL value is a null key with a note
-(the report's convention for an overflowed value). A dump cannot carry TRL's process split: the cases
-over 2-3 processes wait for a split flag (issue 21).
+(the report's convention for an overflowed value). The cases over 2-3 processes carry their split as the
+dump's per-row `process_index`.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -37,7 +38,14 @@ def _decode(value):
 
 
 def _batch(case: dict):
-    return batch_from_padded(_decode(case["old_log_prob"]), _decode(case["rollout_log_prob"]), case["response_mask"])
+    """The case's rows; a split over processes becomes the dump's per-row `process_index`."""
+    batch = batch_from_padded(_decode(case["old_log_prob"]), _decode(case["rollout_log_prob"]), case["response_mask"])
+    if not case.get("processes"):
+        return batch
+    ranks = np.empty(batch.num_rows, dtype=np.int64)
+    for rank, rows in enumerate(case["processes"]):
+        ranks[rows] = rank
+    return replace(batch, process_index=ranks)
 
 
 def _correction(case: dict):
@@ -49,11 +57,6 @@ def _agree(ours: np.ndarray, theirs: np.ndarray, rel: float, abs_: float) -> boo
     if not np.array_equal(ours[~finite], theirs[~finite], equal_nan=True):
         return False
     return bool(np.all(np.abs(ours[finite] - theirs[finite]) <= rel * np.abs(theirs[finite]) + abs_))
-
-
-def _skip_split(case: dict) -> None:
-    if case.get("processes"):
-        pytest.skip("TRL's split over processes: a dump cannot carry it and the split flag is left for later")
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -77,7 +80,6 @@ def test_weights_match_trl(case: dict, dtype: str) -> None:
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("case", NUMERIC, ids=[c["name"] for c in NUMERIC])
 def test_metrics_match_trl(case: dict, dtype: str) -> None:
-    _skip_split(case)
     rel, abs_ = TOLERANCE[dtype]
     reference = {k: float(v) for k, v in case[LABEL[dtype]]["metrics"].items()}
     batch, correction = _batch(case), _correction(case)
@@ -136,3 +138,14 @@ def test_unknown_field_names_the_family_fields() -> None:
         resolve(CorrectionConfig(semantics="trl", family_fields={"vllm_importance_sampling_clip_mx": 2.0}))
     assert "did you mean vllm_importance_sampling_clip_max" in str(info.value)
     assert "vllm_importance_sampling_mode" in str(info.value)
+
+
+def test_processes_do_not_depend_on_chunking() -> None:
+    """A split over processes gives the same keys with every row its own chunk (per-process state merges)."""
+    for case in (c for c in NUMERIC if c.get("processes")):
+        correction, batch = _correction(case), _batch(case)
+        whole = run([batch], correction, device="cpu", dtype="float64").overall.metrics
+        rows = [batch.slice_rows(i, i + 1) for i in range(batch.num_rows)]
+        split = run(rows, correction, device="cpu", dtype="float64").overall.metrics
+        keys = [k for k in whole if k.startswith("sampling/")]
+        assert keys and all(close(split[k], whole[k], 1e-12, 1e-14) for k in keys if whole[k] is not None), case["name"]
