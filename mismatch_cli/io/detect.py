@@ -132,8 +132,9 @@ def sniff(path: str) -> str | None:
 
 
 def detect_format(path: str) -> str | None:
-    """The content's format, else the extension's, else None."""
-    return sniff(path) or EXTENSIONS.get(os.path.splitext(path)[1].lower())
+    """The content's format, else the extension's (or SkyRL's `global_step_{N}_*.pkl` name), else None."""
+    by_name = "skyrl" if SKYRL_NAME.match(os.path.basename(path)) else None
+    return sniff(path) or EXTENSIONS.get(os.path.splitext(path)[1].lower()) or by_name
 
 
 def step_from_name(path: str) -> int | None:

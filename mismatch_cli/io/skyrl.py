@@ -129,6 +129,12 @@ class _Unpickler(pickle.Unpickler):
         return found
 
 
+def _short(exc: BaseException) -> str:
+    """A library error's first line (torch's weights-only refusal runs over many lines)."""
+    lines = reason(exc).splitlines()
+    return lines[0].strip().rstrip(".:") if lines else type(exc).__name__
+
+
 def _load(path: str) -> dict[str, Any]:
     """The pickled batch's state: `batch_dict`, `metadata`, ..."""
     if os.path.getsize(path) == 0:
@@ -138,12 +144,15 @@ def _load(path: str) -> dict[str, Any]:
             payload = _Unpickler(handle, path).load()
     except InputError:
         raise
-    except EOFError:
+    except (EOFError, pickle.UnpicklingError) as exc:
+        if not isinstance(exc, EOFError) and "truncated" not in str(exc):
+            raise InputError(f"cannot read {path} as a SkyRL dump: {_short(exc)}",
+                             hint=_ROLL_HINT) from None
         raise InputError(f"cannot read {path} as a SkyRL dump: its pickle ends early (the file is truncated)",
                          hint=_ROLL_HINT) from None
-    except (pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, AttributeError, OSError,
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OSError,
             RuntimeError, MemoryError) as exc:
-        raise InputError(f"cannot read {path} as a SkyRL dump: {type(exc).__name__}: {reason(exc) or 'no detail'}",
+        raise InputError(f"cannot read {path} as a SkyRL dump: {type(exc).__name__}: {_short(exc)}",
                          hint=_ROLL_HINT) from None
     state = payload.state if isinstance(payload, _Batch) else None
     if not isinstance(state, dict) or not isinstance(state.get("batch_dict"), dict):
@@ -172,7 +181,7 @@ def _decode(value: Any, key: str, path: str) -> np.ndarray | None:
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001 - any damage to one field is one error line naming it
-        raise InputError(f"cannot decode key {key!r} of the SkyRL dump {path}: {reason(exc) or type(exc).__name__}",
+        raise InputError(f"cannot decode key {key!r} of the SkyRL dump {path}: {_short(exc)}",
                          hint=_ROLL_HINT) from None
 
 
@@ -228,9 +237,10 @@ def _arrays(path: str, state: dict[str, Any], options: ReadOptions) -> tuple[dic
     if advantage is not None:
         values["advantages"] = _decode(batch_dict[advantage], advantage, path)
         names["advantages"] = advantage
-    window = batch_dict.get("response_mask")
-    if window is not None and names.get("response_mask") != "response_mask":
-        values["window"] = _decode(window, "response_mask", path)
+    if names.get("response_mask") == "response_mask":
+        values["window"] = values["response_mask"]
+    elif batch_dict.get("response_mask") is not None:
+        values["window"] = _decode(batch_dict["response_mask"], "response_mask", path)
     shape = values["old_log_probs"].shape
     for role, array in values.items():
         if array.ndim != 2 or (role != "advantages" and array.shape != shape) or array.shape[0] != shape[0]:
