@@ -197,3 +197,45 @@ def test_process_index_is_a_per_row_column(tmp_path: Path) -> None:
     assert set(pq.read_table(path).column("process_index").to_pylist()) == {1}
     with pytest.raises(UsageError, match="process_index must be an integer"):
         mismatch_cli.write_dump(tmp_path / "bad.parquet", process_index=-1, **batch)
+@pytest.mark.parametrize("name", ["token_truncate_band", "sequence_mask_min_only", "empty_row_sequence_truncate",
+                                  "length_effect_sequence_mask"])
+def test_a_trl_grpo_batch_through_write_dump_gives_trls_keys(name: str, tmp_path: Path) -> None:
+    """The docs/python-api.md recipe: the dict `GRPOTrainer._generate_and_score_completions` returns, by TRL's own
+    key names, goes through write_dump and `analyze --semantics trl` to the `sampling/*` values TRL computed for
+    the same tensors (tests/data/trl_parity_cases.json)."""
+    import json
+
+    from helpers import REFERENCE, close
+    from typer.testing import CliRunner
+
+    from mismatch_cli.cli import app
+
+    case = next(c for c in json.loads((REFERENCE / "trl_parity_cases.json").read_text())["cases"]
+                if c["name"] == name)
+
+    def tensor(key: str, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor([[float(v) for v in row] for row in case[key]], dtype=dtype)
+
+    completion_mask = tensor("response_mask", torch.float64).to(torch.int64)
+    out = {  # shaped like TRL 1.16.0's output dict (prompt/completion ids left out: write_dump ignores them)
+        "completion_mask": completion_mask,
+        "old_per_token_logps": tensor("old_log_prob", torch.float64),
+        "sampling_per_token_logps": tensor("rollout_log_prob", torch.float64),
+        "advantages": torch.linspace(-1.0, 1.0, completion_mask.shape[0], dtype=torch.float64),
+        "num_items_in_batch": completion_mask.sum(),
+    }
+    mask = out["completion_mask"] * out.get("tool_mask", 1)
+    path = mismatch_cli.write_dump(tmp_path / "dumps" / "rank0", out, response_mask=mask,
+                                   advantages=out["advantages"], step=7, dtype="float64")
+    flags = [a for k, v in case["settings"].items() for a in ("--set", f"{k}={'none' if v is None else v}")]
+    result = CliRunner().invoke(app, ["analyze", str(path.parent), "--semantics", "trl", *flags, "--dtype", "float64",
+                                      "--format", "json", "--bootstrap", "0", "-q"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    def number(v):  # non-finite values are written as strings in both JSON files
+        return float(v) if isinstance(v, str) else v
+
+    ours = {k: number(v) for k, v in json.loads(result.stdout)["metrics"].items() if k.startswith("sampling/")}
+    want = {k: number(v) for k, v in case["fp64"]["metrics"].items()}
+    assert want and set(want) <= set(ours)
+    bad = {k: (ours[k], v) for k, v in want.items() if not close(ours[k], v, 1e-9, 1e-12)}
+    assert not bad, bad

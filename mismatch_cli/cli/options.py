@@ -87,6 +87,7 @@ class InputFormat(str, enum.Enum):
     slime = "slime"
     nemo_rl = "nemo-rl"
     prime_rl = "prime-rl"
+    skyrl = "skyrl"
 
 
 class MissingPolicy(str, enum.Enum):
@@ -104,7 +105,8 @@ InputsArg = Annotated[
 ]
 InputFormatOpt = Annotated[
     InputFormat,
-    typer.Option("--input-format", help="auto (from the content), parquet, safetensors, slime, nemo-rl or prime-rl."),
+    typer.Option("--input-format",
+                 help="auto (from the content), parquet, safetensors, slime, nemo-rl, prime-rl or skyrl."),
 ]
 ColumnOpt = Annotated[
     list[str], typer.Option("--column", metavar="ROLE=NAME",

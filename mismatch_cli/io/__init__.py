@@ -1,7 +1,7 @@
 """Input readers: discover dump files and stream them as `Batch`es of whole sequences.
 
 The package never imports torch (CLI startup cost): numpy, pyarrow and safetensors' numpy API only;
-the slime reader imports torch inside its function, when a `.pt` dump is really read.
+the slime and SkyRL readers import torch inside their functions, when a dump really needs it.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ __all__ = [
     "read_parquet",
     "read_prime_rl",
     "read_safetensors",
+    "read_skyrl",
     "read_slime",
     "read_work_item",
     "reader",
@@ -52,6 +53,7 @@ _READER_NAMES = {
     "slime": ("slime", "read_slime"),
     "nemo-rl": ("nemo_rl", "read_nemo_rl"),
     "prime-rl": ("prime_rl", "read_prime_rl"),
+    "skyrl": ("skyrl", "read_skyrl"),
 }
 READERS = tuple(_READER_NAMES)
 

@@ -11,7 +11,7 @@ import zipfile
 
 from ..errors import UsageError
 
-FORMAT_NAMES = ("parquet", "safetensors", "slime", "nemo-rl", "prime-rl")
+FORMAT_NAMES = ("parquet", "safetensors", "slime", "nemo-rl", "prime-rl", "skyrl")
 EXTENSIONS = {".parquet": "parquet", ".safetensors": "safetensors", ".pt": "slime", ".pth": "slime"}
 # The extensions a folder walk picks up for a format forced with --input-format.
 FORCED_EXTENSIONS = {
@@ -20,10 +20,12 @@ FORCED_EXTENSIONS = {
     "slime": (".pt", ".pth"),
     "nemo-rl": (".jsonl",),
     "prime-rl": (".jsonl",),
+    "skyrl": (".pkl",),
 }
 NEMO_NAME = re.compile(r"^train_data_step(\d+)\.jsonl$")
 PRIME_NAME = re.compile(r"^rank_(\d+)\.jsonl$")
 PRIME_STEP_DIR = re.compile(r"^step_(\d+)$")
+SKYRL_NAME = re.compile(r"^global_step_(\d+)_\w*\.pkl$")
 
 _PEEK_BYTES = 1 << 16
 _PRIME_KEYS = frozenset({"trainer_logprobs", "inference_logprobs"})
@@ -69,6 +71,19 @@ def slime_kind(path: str) -> str | None:
     return None
 
 
+def skyrl_kind(path: str) -> bool:
+    """True for a plain pickle whose header names SkyRL's `training_batch` module (a `TensorBatch.save` file).
+
+    The module and class names are plain strings at the start of the pickle stream: no unpickling.
+    """
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4096)
+    except OSError:
+        return False
+    return head.startswith(b"\x80") and b"training_batch" in head and b"Batch" in head
+
+
 def first_record(path: str) -> dict | None:
     """The first non-blank line of a JSONL file as a dict, or None when it is not one."""
     try:
@@ -102,6 +117,8 @@ def sniff(path: str) -> str | None:
         return None
     if head[:4] == b"PAR1":
         return "parquet"
+    if head[:1] == b"\x80" and skyrl_kind(path):
+        return "skyrl"
     if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
         return "slime" if slime_kind(path) else None
     if len(head) >= 9 and head[8:9] == b"{":
@@ -115,13 +132,15 @@ def sniff(path: str) -> str | None:
 
 
 def detect_format(path: str) -> str | None:
-    """The content's format, else the extension's, else None."""
-    return sniff(path) or EXTENSIONS.get(os.path.splitext(path)[1].lower())
+    """The content's format, else the extension's (or SkyRL's `global_step_{N}_*.pkl` name), else None."""
+    by_name = "skyrl" if SKYRL_NAME.match(os.path.basename(path)) else None
+    return sniff(path) or EXTENSIONS.get(os.path.splitext(path)[1].lower()) or by_name
 
 
 def step_from_name(path: str) -> int | None:
-    """The step a file's name or folder carries: NeMo-RL `*_step{N}.jsonl`, prime-rl `step_{N}/`."""
-    match = re.search(r"_step(\d+)\.jsonl$", os.path.basename(path))
+    """The step a file's name or folder carries: NeMo-RL `*_step{N}.jsonl`, SkyRL `global_step_{N}_*.pkl`,
+    prime-rl `step_{N}/`."""
+    match = re.search(r"_step(\d+)\.jsonl$", os.path.basename(path)) or SKYRL_NAME.match(os.path.basename(path))
     if match:
         return int(match.group(1))
     folder = PRIME_STEP_DIR.match(os.path.basename(os.path.dirname(os.path.abspath(path))))

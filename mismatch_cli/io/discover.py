@@ -23,6 +23,7 @@ from .detect import (
     first_record,
     json_flavor,
     prime_notes,
+    skyrl_kind,
     slime_kind,
     sniff,
 )
@@ -34,8 +35,8 @@ _GLOB_CHARS = frozenset("*?[")
 _DUMP_EXTENSIONS = frozenset({*FORMATS, *(e for exts in FORCED_EXTENSIONS.values() for e in exts)})
 _TABLE_EXTENSIONS = frozenset({".csv", ".tsv", ".xlsx"})
 _LOOKED_FOR = (
-    "*.parquet, *.safetensors, slime train_data/*.pt, NeMo-RL train_data_step*.jsonl or prime-rl "
-    "step_*/rank_*.jsonl"
+    "*.parquet, *.safetensors, slime train_data/*.pt, NeMo-RL train_data_step*.jsonl, prime-rl "
+    "step_*/rank_*.jsonl or SkyRL dumped_data/global_step_*.pkl"
 )
 
 
@@ -43,7 +44,7 @@ _LOOKED_FOR = (
 class InputFile:
     """One input file: its path as the user will see it, its format, its size in bytes, and notes.
 
-    `format` is one of `parquet`, `safetensors`, `slime`, `nemo-rl`, `prime-rl`. `notes` are
+    `format` is one of `parquet`, `safetensors`, `slime`, `nemo-rl`, `prime-rl`, `skyrl`. `notes` are
     warnings found while discovering it (e.g. a prime-rl step folder without its STABLE marker);
     `skipped` says what the folder it was found in held besides dumps (on the folder's first file).
     """
@@ -88,6 +89,8 @@ def _walk_candidate(path: str, forced: str | None) -> tuple[str, str | None] | N
     if ext in (".pt", ".pth"):
         kind = slime_kind(path)  # other torch files (checkpoints) are not dumps: skip them
         return ("slime", kind) if kind else None
+    if ext == ".pkl":
+        return ("skyrl", None) if skyrl_kind(path) else None  # other pickles are never opened
     if ext == ".jsonl":
         by_name = "nemo-rl" if NEMO_NAME.match(name) else "prime-rl" if PRIME_NAME.match(name) else None
         if by_name is None:
@@ -152,7 +155,7 @@ def _file_format(path: str, forced: str | None) -> str:
     if fmt is None:
         raise InputError(
             f"cannot tell the format of {path}: expected a parquet, safetensors, slime train dump (.pt), "
-            "NeMo-RL train_data_step*.jsonl or prime-rl rank_*.jsonl file",
+            "NeMo-RL train_data_step*.jsonl, prime-rl rank_*.jsonl or SkyRL global_step_*_training_input.pkl file",
             hint="name the format with --input-format, or convert the dump to parquet (see the README)",
         )
     return fmt
