@@ -81,3 +81,38 @@ def test_the_report_and_the_screen_name_openrlhfs_effective_fields(tmp_path: Pat
                                  "is_correction_level=token", "--bootstrap", "0"]).stdout
     assert "correction: is_correction_level=token, is_correction_mode=mask" in screen
     assert "rollout_is_threshold" not in screen
+
+
+def test_the_python_api_recipe_for_openrlhf_experiences_replays_openrlhfs_numbers(tmp_path: Path) -> None:
+    """docs/python-api.md's recipe on batches shaped like OpenRLHF's `Experience` (its names, a bool mask, each
+    padded to its own width), then `analyze --semantics openrlhf`: OpenRLHF's own numbers come back."""
+    import numpy as np
+    import torch
+
+    import mismatch_cli
+
+    case = CASES["icepop_band_0_8_1_25"]
+    old = torch.tensor(case["old_log_prob"], dtype=torch.float64)
+    rollout = torch.tensor(case["rollout_log_prob"], dtype=torch.float64)
+    mask = torch.tensor(case["response_mask"]) != 0
+    experiences = []
+    for rows in (slice(0, 3), slice(3, 6)):  # two rollout micro-batches, trimmed to their longest row
+        width = int(mask[rows].sum(dim=1).max())
+        experiences.append(type("Experience", (), {"action_log_probs": old[rows, :width],
+                                                   "rollout_log_probs": rollout[rows, :width],
+                                                   "action_mask": mask[rows, :width]})())
+    global_step = 3
+    for i, e in enumerate(experiences):
+        if e.rollout_log_probs is not None:
+            mismatch_cli.write_dump(tmp_path / f"dumps/step_{global_step:06d}_{i:03d}.parquet",
+                                    {k: getattr(e, k) for k in ("action_log_probs", "rollout_log_probs",
+                                                                "action_mask")}, step=global_step, dtype="float64")
+    flags = [arg for k, v in case["settings"].items() for arg in ("--set", f"{k}={_flag(v)}")]
+    result = CliRunner().invoke(app, ["analyze", str(tmp_path / "dumps"), "--semantics", "openrlhf", *flags,
+                                      "--dtype", "float64", "--format", "json", "--bootstrap", "0", "-q"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    ours = _keys(result.stdout)
+    assert set(ours) == set(case["fp64"]["metrics"])
+    assert all(close(ours[k], float(v), 1e-9, 1e-12) for k, v in case["fp64"]["metrics"].items())
+    assert np.isclose(float(case["fp64"]["metrics"]["train/is_filter_ratio"]), 14 / 30)
