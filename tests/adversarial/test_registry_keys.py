@@ -43,6 +43,8 @@ RUNS = (
     ("--semantics", "slime-mis"),
     ("--semantics", "slime-mis", "--set", "tis_mode=clip"),
     ("--semantics", "slime-mis", "--set", "tis_mode=mask"),
+    ("--semantics", "openrlhf", "--set", "is_correction_level=token", "--set", "is_correction_mode=clip"),
+    ("--semantics", "openrlhf", "--set", "is_correction_level=seq", "--set", "micro_train_batch_size=2"),
 )
 
 
