@@ -77,3 +77,26 @@ def test_the_report_and_the_screen_name_areals_effective_fields(tmp_path: Path) 
                                  "--set", "rejection_sampling=true", "--bootstrap", "0"]).stdout
     assert "correction: level=token, action=mask, metric=ratio, upper=5.0" in screen
     assert "rollout_is_threshold" not in screen
+
+
+def test_write_dump_recipe_on_an_areal_shaped_batch(tmp_path: Path) -> None:
+    """docs/python-api.md's AReaL recipe: the batch `_ppo_update` receives, by AReaL's key names, replays exactly."""
+    import numpy as np
+    import torch
+
+    import mismatch_cli
+    from mismatch_cli.correction import CorrectionConfig
+
+    case = CASES["sequence_mask_kl_k1_max"]
+    decode = np.vectorize(float)
+    prox = torch.tensor(decode(np.asarray(case["old_log_prob"], dtype=object)), dtype=torch.float32)
+    behave = torch.tensor(decode(np.asarray(case["rollout_log_prob"], dtype=object)), dtype=torch.float32)
+    mask = torch.tensor(case["response_mask"], dtype=torch.float32)  # AReaL's loss_mask is float after the roll
+    data = {"input_ids": torch.zeros_like(mask, dtype=torch.long), "attention_mask": torch.ones_like(mask),
+            "loss_mask": mask, "logprobs": behave * mask, "prox_logp": prox, "advantages": torch.ones_like(mask)}
+    path = mismatch_cli.write_dump(str(tmp_path / "dumps"), data, old_log_probs=data["prox_logp"],
+                                   rollout_log_probs=data["logprobs"], step=3)
+    report = mismatch_cli.analyze([str(path)], device="cpu", dtype="float32", bootstrap=0, hash_inputs=False,
+                                  correction=CorrectionConfig(semantics="areal", family_fields=dict(case["settings"])))
+    for key, value in case["fp32"]["metrics"].items():
+        assert close(report.metrics[key], float(value), 1e-5, 1e-7), key

@@ -8,7 +8,7 @@ more, so the definitions are read straight out of the wheel:
     SCRATCH/venv/bin/python tests/data/generators/areal_cases.py SCRATCH/areal-1.0.4-py3-none-any.whl \
         tests/data/areal_parity_cases.json
 
-The script parses six files of the wheel with `ast`, takes the named definitions unchanged, compiles them under
+The script parses seven files of the wheel with `ast`, takes the named definitions unchanged, compiles them under
 their original file names and executes them in one namespace holding torch, numpy and the standard-library names
 they use (a no-op logger, `current_platform` as not initialized: one CPU process). Nothing of AReaL's arithmetic is
 re-written here:
