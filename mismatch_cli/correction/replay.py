@@ -6,6 +6,7 @@ fields (given one by one or in the `[correction]` table); docs/trainers.md says 
 
 from __future__ import annotations
 
+from mismatch_cli.correction.areal import FAMILY as AREAL
 from mismatch_cli.correction.model import CORRECTION_FAMILIES, ReplayFamily
 from mismatch_cli.correction.nemo_rl import FAMILY as NEMO_RL
 from mismatch_cli.correction.openrlhf import FAMILY as OPENRLHF
@@ -22,6 +23,7 @@ REPLAY_FAMILIES: dict[str, ReplayFamily] = {family.name: family for family in (
     SLIME_MIS,
     NEMO_RL,
     PRIME_RL,
+    AREAL,
     OPENRLHF,
 )}
 FAMILIES: tuple[str, ...] = (*CORRECTION_FAMILIES, *REPLAY_FAMILIES)

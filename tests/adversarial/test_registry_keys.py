@@ -39,6 +39,7 @@ RUNS = (
     ("--semantics", "nemo-rl", "--set", "use_importance_sampling_correction=true", "--set",
      "truncated_importance_sampling_type=tis", "--set", "truncated_importance_sampling_ratio=2.0"),
     ("--semantics", "prime-rl"),
+    ("--semantics", "areal", "--set", "use_decoupled_loss=true", "--set", "level=sequence", "--set", "upper=1.5"),
     ("--semantics", "slime", "--set", "use_tis=true"),
     ("--semantics", "slime-mis"),
     ("--semantics", "slime-mis", "--set", "tis_mode=clip"),
