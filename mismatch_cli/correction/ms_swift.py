@@ -77,7 +77,7 @@ def resolve_ms_swift(fields: dict[str, Any]) -> tuple[MsSwiftSpec | None, dict[s
     if _none(mode):
         mode = None
     elif mode not in MS_SWIFT_MODES:  # HfArgumentParser: the Literal's values are argparse choices
-        raise ConfigError(f"argument --rollout_importance_sampling_mode: invalid choice: {mode!r} "
+        raise ConfigError(f"rollout_importance_sampling_mode: invalid choice: {mode!r} "
                           f"(choose from {', '.join(MS_SWIFT_MODES)})",
                           hint=did_you_mean(str(mode), MS_SWIFT_MODES, "use one of " + ", ".join(MS_SWIFT_MODES)))
     values["rollout_importance_sampling_mode"] = mode

@@ -43,6 +43,8 @@ RUNS = (
     ("--semantics", "slime-mis"),
     ("--semantics", "slime-mis", "--set", "tis_mode=clip"),
     ("--semantics", "slime-mis", "--set", "tis_mode=mask"),
+    ("--semantics", "ms-swift", "--set", "rollout_importance_sampling_mode=sequence_mask", "--set",
+     "per_device_train_batch_size=4"),
 )
 
 

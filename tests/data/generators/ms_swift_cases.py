@@ -32,7 +32,8 @@ stores NaN / inf at such positions to show a dump's padding cannot change a key)
 The defaults come from `GRPOArgumentsMixin` (swift/rlhf_trainers/args_mixin.py) and `TrainArgumentsMixin`
 (swift/trainers/arguments.py: per_device_train_batch_size), read from the syntax tree. ms-swift parses its
 arguments with transformers' `HfArgumentParser`, i.e. argparse with the `Literal`'s values as choices; an unknown
-mode is refused there, reproduced with argparse and the choices read from the dataclass.
+mode is refused there, reproduced with argparse and the choices read from the dataclass (the message is kept from
+"invalid choice" on: the list of choices is printed differently by each Python).
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def _parse_mode(choices: tuple, mode) -> str | None:
         with contextlib.redirect_stderr(io.StringIO()):
             parser.parse_args(["--rollout_importance_sampling_mode", mode])
     except argparse.ArgumentError as error:
-        return str(error).split(" (choose from")[0]
+        return str(error).split(" (choose from")[0].split(": ", 1)[1]  # without argparse's "argument --NAME: "
     return None
 
 
