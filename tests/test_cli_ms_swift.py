@@ -55,10 +55,12 @@ def test_set_and_config_table_match_ms_swift(name: str, tmp_path: Path) -> None:
         assert all(close(ours[k], v, 1e-9, 1e-12) for k, v in case["fp64"]["metrics"].items())
 
 
-@pytest.mark.parametrize("setting", ["rollout_importance_sampling_threshhold=2",
-                                     "rollout_importance_sampling_threshold=abc", "rollout_importance_sampling_mode=token",
-                                     "per_device_train_batch_size=0",
-                                     "log_rollout_offpolicy_metrics=maybe", "novalue"])
+BAD = ["rollout_importance_sampling_threshhold=2", "rollout_importance_sampling_threshold=abc",
+       "rollout_importance_sampling_mode=token", "per_device_train_batch_size=0", "log_rollout_offpolicy_metrics=maybe",
+       "novalue"]
+
+
+@pytest.mark.parametrize("setting", BAD)
 def test_bad_setting_exits_2_naming_the_fields(setting: str, tmp_path: Path) -> None:
     dump = _dump(CASES["token_truncate_default_threshold"], tmp_path)
     result = CliRunner().invoke(app, ["analyze", str(dump), "--semantics", "ms-swift", "--set", setting])
