@@ -187,3 +187,27 @@ def test_advantages_per_token_or_per_row_read_back(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"advantages have shape \(3,\)"):
         mismatch_cli.write_dump(tmp_path / "bad.parquet", advantages=np.zeros(3), **batch)
     assert not (tmp_path / "bad.parquet").exists()
+
+
+def test_ms_swift_micro_batches_one_file_each_replay_as_ms_swift_logs(tmp_path: Path) -> None:
+    """docs/python-api.md's ms-swift recipe: each micro-batch's tensors under ms-swift's own names (float32 log-probs,
+    a bool `completion_mask`), one file per micro-batch, read back by `--semantics ms-swift` to ms-swift's numbers."""
+    import json
+
+    from mismatch_cli.correction import CorrectionConfig
+
+    data = json.loads((Path(__file__).parent / "data" / "ms_swift_parity_cases.json").read_text())
+    case = next(c for c in data["cases"] if c["name"] == "micro_batch_2_token_truncate")
+    old = torch.tensor(case["old_log_prob"], dtype=torch.float32)
+    rollout = torch.tensor(case["rollout_log_prob"], dtype=torch.float32)
+    mask = torch.tensor(case["response_mask"], dtype=torch.bool)
+    for index, start in enumerate(range(0, old.shape[0], 2)):
+        rows = slice(start, start + 2)
+        mismatch_cli.write_dump(tmp_path / f"step000007_mb{index:06d}.parquet",
+                                {"old_per_token_logps": old[rows], "rollout_per_token_logps": rollout[rows],
+                                 "completion_mask": mask[rows]}, step=7)
+    correction = CorrectionConfig(semantics="ms-swift", family_fields=dict(case["settings"]))
+    report = mismatch_cli.analyze([str(tmp_path)], correction, device="cpu", dtype="float64", bootstrap=0,
+                                  hash_inputs=False)
+    for key, value in case["fp64"]["metrics"].items():
+        assert report.metrics[key] == pytest.approx(float(value), rel=1e-9, abs=1e-12), key
