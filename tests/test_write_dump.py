@@ -239,3 +239,25 @@ def test_a_trl_grpo_batch_through_write_dump_gives_trls_keys(name: str, tmp_path
     assert want and set(want) <= set(ours)
     bad = {k: (ours[k], v) for k, v in want.items() if not close(ours[k], v, 1e-9, 1e-12)}
     assert not bad, bad
+def test_ms_swift_micro_batches_one_file_each_replay_as_ms_swift_logs(tmp_path: Path) -> None:
+    """docs/python-api.md's ms-swift recipe: each micro-batch's tensors under ms-swift's own names (float32 log-probs,
+    a bool `completion_mask`), one file per micro-batch, read back by `--semantics ms-swift` to ms-swift's numbers."""
+    import json
+
+    from mismatch_cli.correction import CorrectionConfig
+
+    data = json.loads((Path(__file__).parent / "data" / "ms_swift_parity_cases.json").read_text())
+    case = next(c for c in data["cases"] if c["name"] == "micro_batch_2_token_truncate")
+    old = torch.tensor(case["old_log_prob"], dtype=torch.float32)
+    rollout = torch.tensor(case["rollout_log_prob"], dtype=torch.float32)
+    mask = torch.tensor(case["response_mask"], dtype=torch.bool)
+    for index, start in enumerate(range(0, old.shape[0], 2)):
+        rows = slice(start, start + 2)
+        mismatch_cli.write_dump(tmp_path / f"step000007_mb{index:06d}.parquet",
+                                {"old_per_token_logps": old[rows], "rollout_per_token_logps": rollout[rows],
+                                 "completion_mask": mask[rows]}, step=7)
+    correction = CorrectionConfig(semantics="ms-swift", family_fields=dict(case["settings"]))
+    report = mismatch_cli.analyze([str(tmp_path)], correction, device="cpu", dtype="float64", bootstrap=0,
+                                  hash_inputs=False)
+    for key, value in case["fp64"]["metrics"].items():
+        assert report.metrics[key] == pytest.approx(float(value), rel=1e-9, abs=1e-12), key

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from mismatch_cli.correction.areal import FAMILY as AREAL
 from mismatch_cli.correction.model import CORRECTION_FAMILIES, ReplayFamily
+from mismatch_cli.correction.ms_swift import FAMILY as MS_SWIFT
 from mismatch_cli.correction.nemo_rl import FAMILY as NEMO_RL
 from mismatch_cli.correction.openrlhf import FAMILY as OPENRLHF
 from mismatch_cli.correction.prime_rl import FAMILY as PRIME_RL
@@ -25,6 +26,7 @@ REPLAY_FAMILIES: dict[str, ReplayFamily] = {family.name: family for family in (
     PRIME_RL,
     AREAL,
     OPENRLHF,
+    MS_SWIFT,
 )}
 FAMILIES: tuple[str, ...] = (*CORRECTION_FAMILIES, *REPLAY_FAMILIES)
 # The rows of `mismatch replay`: a concept each trainer may log under its own key (ReplayFamily.concepts).

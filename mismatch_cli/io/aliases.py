@@ -25,7 +25,8 @@ ROLE_ALIASES: dict[str, tuple[str, ...]] = {
         "rollout_logprobs",
         "generation_logprobs",
         "inference_logprobs",
-        "sampling_per_token_logps",
+        "sampling_per_token_logps",  # TRL
+        "rollout_per_token_logps",  # ms-swift
     ),
     "response_mask": (
         "response_mask",

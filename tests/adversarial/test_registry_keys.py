@@ -46,6 +46,8 @@ RUNS = (
     ("--semantics", "slime-mis", "--set", "tis_mode=mask"),
     ("--semantics", "openrlhf", "--set", "is_correction_level=token", "--set", "is_correction_mode=clip"),
     ("--semantics", "openrlhf", "--set", "is_correction_level=seq", "--set", "micro_train_batch_size=2"),
+    ("--semantics", "ms-swift", "--set", "rollout_importance_sampling_mode=sequence_mask", "--set",
+     "per_device_train_batch_size=4"),
 )
 
 
