@@ -11,11 +11,13 @@ from typing import Any
 
 import torch
 
+from mismatch_cli.correction.miles import MilesMisSpec, MilesSpec
 from mismatch_cli.correction.nemo_rl import NemoRlSpec
 from mismatch_cli.correction.prime_rl import PrimeRlSpec
 from mismatch_cli.correction.skyrl import SkyrlSpec
 from mismatch_cli.correction.slime import SlimeMisSpec, SlimeSpec
 from mismatch_cli.correction.trl import TrlSpec
+from mismatch_cli.engine.miles import MilesAccumulator, MilesMisAccumulator
 from mismatch_cli.engine.nemo_rl import NemoRlAccumulator
 from mismatch_cli.engine.prime_rl import PrimeRlAccumulator
 from mismatch_cli.engine.protocol import Accumulator
@@ -30,6 +32,8 @@ ACCUMULATORS: dict[type, Callable[[Any, torch.device], Accumulator]] = {
     PrimeRlSpec: PrimeRlAccumulator,
     SlimeSpec: SlimeAccumulator,
     SlimeMisSpec: SlimeMisAccumulator,
+    MilesSpec: MilesAccumulator,
+    MilesMisSpec: MilesMisAccumulator,
 }
 
 

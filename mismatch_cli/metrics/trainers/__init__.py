@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from mismatch_cli.metrics.model import Family, Metric
-from mismatch_cli.metrics.trainers import nemo_rl, prime_rl, skyrl, slime, trl
+from mismatch_cli.metrics.trainers import miles, nemo_rl, prime_rl, skyrl, slime, trl
 
-MODULES = (trl, skyrl, slime, nemo_rl, prime_rl)
+MODULES = (trl, skyrl, slime, nemo_rl, prime_rl, miles)
 TRAINER_FAMILIES: tuple[Family, ...] = tuple(module.FAMILY for module in MODULES)
 TRAINER_METRICS: tuple[Metric, ...] = tuple(metric for module in MODULES for metric in module.METRICS)
 
