@@ -43,6 +43,7 @@ RUNS = (
     ("--semantics", "slime-mis"),
     ("--semantics", "slime-mis", "--set", "tis_mode=clip"),
     ("--semantics", "slime-mis", "--set", "tis_mode=mask"),
+    ("--semantics", "miles"),
 )
 
 
