@@ -7,6 +7,8 @@ fields (given one by one or in the `[correction]` table); docs/trainers.md says 
 from __future__ import annotations
 
 from mismatch_cli.correction.areal import FAMILY as AREAL
+from mismatch_cli.correction.miles import FAMILY as MILES
+from mismatch_cli.correction.miles import MIS_FAMILY as MILES_MIS
 from mismatch_cli.correction.model import CORRECTION_FAMILIES, ReplayFamily
 from mismatch_cli.correction.ms_swift import FAMILY as MS_SWIFT
 from mismatch_cli.correction.nemo_rl import FAMILY as NEMO_RL
@@ -27,6 +29,8 @@ REPLAY_FAMILIES: dict[str, ReplayFamily] = {family.name: family for family in (
     AREAL,
     OPENRLHF,
     MS_SWIFT,
+    MILES,
+    MILES_MIS,
 )}
 FAMILIES: tuple[str, ...] = (*CORRECTION_FAMILIES, *REPLAY_FAMILIES)
 # The rows of `mismatch replay`: a concept each trainer may log under its own key (ReplayFamily.concepts).

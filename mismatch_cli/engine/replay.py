@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from mismatch_cli.correction.areal import ArealSpec
+from mismatch_cli.correction.miles import MilesMisSpec, MilesSpec
 from mismatch_cli.correction.ms_swift import MsSwiftSpec
 from mismatch_cli.correction.nemo_rl import NemoRlSpec
 from mismatch_cli.correction.openrlhf import OpenrlhfSpec
@@ -20,6 +21,7 @@ from mismatch_cli.correction.skyrl import SkyrlSpec
 from mismatch_cli.correction.slime import SlimeMisSpec, SlimeSpec
 from mismatch_cli.correction.trl import TrlSpec
 from mismatch_cli.engine.areal import ArealAccumulator
+from mismatch_cli.engine.miles import MilesAccumulator, MilesMisAccumulator
 from mismatch_cli.engine.ms_swift import MsSwiftAccumulator
 from mismatch_cli.engine.nemo_rl import NemoRlAccumulator
 from mismatch_cli.engine.openrlhf import OpenrlhfAccumulator
@@ -39,6 +41,8 @@ ACCUMULATORS: dict[type, Callable[[Any, torch.device], Accumulator]] = {
     OpenrlhfSpec: OpenrlhfAccumulator,
     ArealSpec: ArealAccumulator,
     MsSwiftSpec: MsSwiftAccumulator,
+    MilesSpec: MilesAccumulator,
+    MilesMisSpec: MilesMisAccumulator,
 }
 
 

@@ -62,7 +62,19 @@ def _per_row(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return values.to(F64) * lengths.to(F64)
 
 
-class SlimeAccumulator(Accumulator):
+class _LossKeys:
+    """The policy loss's own |old - rollout| key; a trainer derived from slime overrides `_loss_keys` to add its own."""
+
+    reduce: _SlimeReducer
+
+    def _loss_keys(self, old: torch.Tensor, rollout: torch.Tensor, keep: torch.Tensor | None,
+                   lengths: torch.Tensor) -> None:
+        """Fold the loss's keys reduced over the kept tokens (`keep`: the helper's modified loss mask, or None)."""
+        diff = (old - rollout).abs()
+        self.reduce.add(ABS_DIFF, _row_sums(diff if keep is None else diff * keep, lengths))
+
+
+class SlimeAccumulator(_LossKeys, Accumulator):
     """The policy loss's keys: |old - rollout|, and vanilla_tis_function's or icepop_function's three."""
 
     def __init__(self, spec: SlimeSpec, device: torch.device) -> None:
@@ -74,7 +86,7 @@ class SlimeAccumulator(Accumulator):
         old, rollout, lengths = chunk.masked
         reduce, spec = self.reduce, self.spec
         reduce.rows(lengths)
-        reduce.add(ABS_DIFF, _row_sums((old - rollout).abs(), lengths))
+        self._loss_keys(old, rollout, None, lengths)
         if spec.function is None:
             return
         ratio = torch.exp(old - rollout)  # no clamp: may overflow to inf
@@ -113,7 +125,7 @@ def _log_ratio(d: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor, level
     return total[rows]
 
 
-class SlimeMisAccumulator(Accumulator):
+class SlimeMisAccumulator(_LossKeys, Accumulator):
     """The MIS helper's `train/mis_*` keys, with the loss's |old - rollout| over the tokens it keeps."""
 
     def __init__(self, spec: SlimeMisSpec, device: torch.device) -> None:
@@ -144,7 +156,7 @@ class SlimeMisAccumulator(Accumulator):
         keep = torch.ones_like(d)  # the modified loss mask (mask mode, rejection, veto)
         if spec.tis_level is not None:
             self._weights(d, lengths, rows, keep, token, row)
-        reduce.add(ABS_DIFF, _row_sums(d.abs() * keep, lengths))  # the loss's reducer rebuilt on the kept tokens
+        self._loss_keys(old, rollout, keep, lengths)  # the loss's reducer rebuilt on the kept tokens
         for name, values in token.items():
             reduce.add(MIS + name, _row_sums(values, lengths))
         for name, values in row.items():

@@ -3,8 +3,10 @@
 `format_version` 2: `{"format_version": 2, "rollout_id", "rank", "samples": [...], "dp_shards": [...]}`,
 one dict per sample with ragged response-length tensors `log_probs` (trainer), `rollout_log_probs`,
 `loss_masks`, plus `response_lengths` and `rollout_position`; the dump written before version 2
-(`{"rollout_id", "rank", "rollout_data": {key: [per-sample values]}}`) is read too. Files are loaded
-with `torch.load(weights_only=True)` only, never with full unpickling; the rollout-side dump
+(`{"rollout_id", "rank", "rollout_data": {key: [per-sample values]}}`) is read too; it is also the layout
+Miles (radixark/miles) writes to `--dump-details DIR/train_data/{rollout_id}_{rank}.pt`, plus `cp_rank`, `cp_size`
+and `qkv_format` (a context-parallel rank's slice is refused, as is Miles's per-call `policy_loss_debug/` file).
+Files are loaded with `torch.load(weights_only=True)` only, never with full unpickling; the rollout-side dump
 (`rollout_data/{id}.pt`), which holds pickled `Sample` objects and no trainer log-probs, is refused
 before anything is loaded. torch is imported inside the reader, never when `mismatch_cli.io` is.
 """
@@ -133,6 +135,21 @@ def _samples(payload: Any, path: str) -> tuple[list[dict[str, Any]], dict[str, A
             hint=f"analyze {TRAIN_SIDE}",
         )
     meta = {key: _scalar(payload[key]) for key in ("rollout_id", "rank") if key in payload}
+    if "samples" in payload and "call" in payload and "ppo_kl" in payload:
+        raise InputError(
+            f"{path} is a Miles policy-loss debug dump (policy_loss_debug/ under --dump-details): one file per loss "
+            "call and micro-batch, whose 'old_log_probs' are the rollout's under --use-rollout-logprobs",
+            hint="analyze the train-side dump of the same --dump-details folder, DIR/train_data/{rollout_id}_{rank}.pt",
+        )
+    cp_size = _scalar(payload.get("cp_size", 1))
+    if isinstance(cp_size, int) and cp_size > 1:
+        raise InputError(
+            f"{path} holds context-parallel rank {_scalar(payload.get('cp_rank'))}'s slice of each sample (cp_size "
+            f"{cp_size}): Miles dumps each rank's zigzag slice of the per-token log-probs, and mismatch reads whole "
+            "samples",
+            hint="dump from a run with --context-parallel-size 1, or write the whole samples with write_dump "
+            "(docs/python-api.md)",
+        )
     if "samples" in payload:
         if "format_version" not in payload:  # slime's rollout side: samples but no version and no trainer side
             raise rollout_refusal(path)
@@ -194,7 +211,9 @@ def read_slime(path: str, options: ReadOptions) -> Iterator[Batch]:
         if column not in samples[0] and column not in meta:
             raise missing_group(column, path, [*available, *meta], noun="key")
     order = _order(samples)
-    id_key = next((k for k in ("sample_index", "rollout_position") if _scalar(samples[0].get(k)) is not None), None)
+    # Miles's train dump (slime's pre-version-2 layout) names each sample's Sample.index `sample_indices`.
+    id_key = next((k for k in ("sample_index", "rollout_position", "sample_indices")
+                   if _scalar(samples[0].get(k)) is not None), None)
     step = meta.get("rollout_id")
     for a in range(0, len(order), options.chunk_rows):
         rows = [samples[i] for i in order[a : a + options.chunk_rows]]

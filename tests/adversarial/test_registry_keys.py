@@ -48,6 +48,7 @@ RUNS = (
     ("--semantics", "openrlhf", "--set", "is_correction_level=seq", "--set", "micro_train_batch_size=2"),
     ("--semantics", "ms-swift", "--set", "rollout_importance_sampling_mode=sequence_mask", "--set",
      "per_device_train_batch_size=4"),
+    ("--semantics", "miles"),
 )
 
 
