@@ -119,6 +119,12 @@ class ReplayReport:
     device: str = "cpu"
     dtype: str = "float32"
     notes: list[str] = field(default_factory=list)
+    silent: list[str] = field(default_factory=list)  # trainers that log none of the concepts under their defaults
+
+    @property
+    def shown(self) -> list[Trainer]:
+        """The trainers the table shows: all but the silent ones (JSON keeps every trainer)."""
+        return [t for t in self.trainers if t.name not in self.silent] or list(self.trainers)
 
     def to_dict(self) -> dict[str, Any]:
         """The versioned JSON document (`schema_version` first, like every JSON the tool writes)."""
@@ -134,6 +140,7 @@ class ReplayReport:
                           "traits": dict(t.traits)} for t in self.trainers],
             "concepts": [row.to_dict() for row in self.rows],
             "notes": list(self.notes),
+            "silent": list(self.silent),
         }
 
 
@@ -213,17 +220,21 @@ def replay(paths: Sequence[str], names: Sequence[str] | None = None, read_option
         results = run_many(batches, corrections, device=device, dtype=dtype, groups=groups,
                            source_names=source_names)
     first = next(iter(results.values()))
-    notes = [t.note and f"{t.name}: {t.note}" for t in columns]
+    said: dict[str, list[str]] = {}  # a note -> the trainers it is about, so a shared note is said once
     for trainer in columns:
-        notes += [f"{trainer.name}: {note}" for note in results[trainer.name].overall.overall.notes]
-    for trainer in columns:  # a trainer whose defaults log none of the concepts (SkyRL: correction off)
-        logged = results[trainer.name].overall.overall.metrics
-        if trainer.name in REPLAY_FAMILIES and not any(key in logged for key in trainer.concepts.values()):
-            setting = REPLAY_FAMILIES[trainer.name].describe(resolved[trainer.name][1])
-            notes.append(f"{trainer.name}: its defaults log none of these ({setting}); "
-                         f"analyze --semantics {trainer.name} --set FIELD=VALUE turns its correction on")
+        for note in [trainer.note, *results[trainer.name].overall.overall.notes]:
+            if note:
+                said.setdefault(note, []).append(trainer.name)
+    notes = [f"{', '.join(names)}: {note}" for note, names in said.items()]
+    # Trainers whose defaults log none of the concepts (their corrections are off by default): one note, and
+    # the table leaves their all-empty columns out.
+    silent = [t.name for t in columns if t.name in REPLAY_FAMILIES
+              and not any(key in results[t.name].overall.overall.metrics for key in t.concepts.values())]
+    if silent:
+        notes.append(f"{', '.join(silent)}: log none of these under their defaults (their corrections are off; "
+                     "docs/trainers.md); analyze --semantics NAME --set FIELD=VALUE turns one on")
     if first.groups < 2:
         notes.append(f"only {first.groups} of {groups} row groups hold a row: no noise estimate, nothing is marked")
     return ReplayReport(inputs=list(source_names), trainers=columns, rows=_rows(columns, results, sigmas),
                         groups=first.groups, sigmas=sigmas, device=first.overall.device, dtype=dtype,
-                        notes=[n for n in notes if n])
+                        notes=notes, silent=silent)

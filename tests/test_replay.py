@@ -219,3 +219,15 @@ def test_exit_codes() -> None:
     assert unknown.exit_code == 2 and "did you mean trl" in unknown.output
     missing = _invoke("replay", str(ROOT / "no-such-dump.parquet"))
     assert missing.exit_code == 3
+
+
+def test_a_trainer_whose_defaults_log_nothing_is_left_out_of_the_table_but_kept_in_json() -> None:
+    report = replay([str(DUMP)], ["verl", "skyrl", "trl"], device="cpu")
+    assert report.silent == ["skyrl"]  # SkyRL's correction is off by default: it logs no key at all
+    assert [t.name for t in report.shown] == ["verl", "trl"]
+    assert all(row.cells["skyrl"].key is None for row in report.rows)
+    assert any(note.startswith("skyrl: log none of these") for note in report.notes)
+    assert report.to_dict()["silent"] == ["skyrl"] and "skyrl" in [t["name"] for t in report.to_dict()["trainers"]]
+    lines = _invoke("replay", str(DUMP), "--trainers", "verl,skyrl,trl").stdout.splitlines()
+    header = next(line for line in lines if line.startswith("concept"))
+    assert "skyrl" not in header.split() and "trl" in header.split()

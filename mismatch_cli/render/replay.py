@@ -40,7 +40,7 @@ def legend(report: ReplayReport) -> str:
 
 def replay_grid(report: ReplayReport) -> Grid:
     """Concepts as rows, trainers as columns; the concept column repeats in every block."""
-    names = [t.name for t in report.trainers]
+    names = [t.name for t in report.shown]
     rows = [[row.label, *(cell_text(row.cells[name]) for name in names)] for row in report.rows]
     kinds: list[Kind] = ["fixed", *(["fixed"] * len(names))]
     return Grid(None, ["concept", *names], rows, kinds, ["left", *(["right"] * len(names))],
@@ -58,7 +58,7 @@ def render_replay_table(report: ReplayReport, console: Console) -> None:
     width = console.width
     say = lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
     inputs = ", ".join(report.inputs)
-    for line in textwrap.wrap(f"mismatch replay: {inputs}, {len(report.trainers)} trainers under their defaults",
+    for line in textwrap.wrap(f"mismatch replay: {inputs}, {len(report.shown)} trainers under their defaults",
                               width, break_long_words=False, break_on_hyphens=False):
         console.print(line, style="bold", highlight=False, markup=False, soft_wrap=True)
     print_grid(replay_grid(report), console)
@@ -81,7 +81,7 @@ def _md(cell: str) -> str:
 
 def render_replay_markdown(report: ReplayReport) -> str:
     """The table, legend, reasons and notes as Markdown."""
-    names = [t.name for t in report.trainers]
+    names = [t.name for t in report.shown]
     lines = [f"## mismatch replay: {len(names)} trainers under their defaults", ""]
     lines += [f"- input: `{path}`" for path in report.inputs] + [""]
     lines += ["| concept | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
@@ -115,7 +115,7 @@ def _html_cell(cell: Cell) -> str:
 
 def render_replay_html(report: ReplayReport) -> str:
     """One self-contained page: the table with each value's jackknife SE, the reasons, the trainers' settings."""
-    names = [t.name for t in report.trainers]
+    names = [t.name for t in report.shown]
     head = "".join(f"<th>{escape(n)}</th>" for n in ["concept", *names])
     body = "".join(f"<tr><td>{escape(row.label)}</td>{''.join(_html_cell(row.cells[n]) for n in names)}</tr>"
                    for row in report.rows)
