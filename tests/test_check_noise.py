@@ -7,6 +7,7 @@ README's rules; real regressions (4x the noise, 100x the catastrophic tokens) mu
 from __future__ import annotations
 
 import json
+import os
 import re
 import xml.etree.ElementTree as ET
 from itertools import permutations
@@ -43,10 +44,15 @@ def reports(tmp_path_factory) -> dict[str, Report]:
     specs["noise4"] = SynthSpec(tokens=TOKENS, seed=11, noise=4.0)
     specs["catastrophic"] = SynthSpec(tokens=TOKENS, seed=13, catastrophic_rate=2e-3)  # 100x the default
     made = {}
-    for name, spec in specs.items():
-        write_synthetic_dump(root / f"{name}.parquet", spec)
-        made[name] = mismatch_cli.analyze([str(root / f"{name}.parquet")], device="cpu")
-        (root / f"{name}.json").write_text(made[name].to_json())
+    here = Path.cwd()
+    os.chdir(root)  # relative input paths: the bootstrap's weights hash the path, so they must not vary by run
+    try:
+        for name, spec in specs.items():
+            write_synthetic_dump(root / f"{name}.parquet", spec)
+            made[name] = mismatch_cli.analyze([f"{name}.parquet"], device="cpu")
+            (root / f"{name}.json").write_text(made[name].to_json())
+    finally:
+        os.chdir(here)
     made["root"] = root  # type: ignore[assignment]
     return made
 
