@@ -16,9 +16,9 @@ def __getattr__(name: str) -> Any:
 
         return analyze
     if name in ("compare", "compare_many", "check"):
-        from mismatch_cli import gate
+        from mismatch_cli.gate import api
 
-        return getattr(gate, name)
+        return getattr(api, name)
     if name == "Report":
         from mismatch_cli.report import Report
 

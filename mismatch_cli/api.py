@@ -8,19 +8,19 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
-from mismatch_cli.answers import diagnose
+from mismatch_cli.answers.diagnosis import diagnose
+from mismatch_cli.answers.drift import drift
+from mismatch_cli.answers.findings import find
+from mismatch_cli.answers.findings.causes import few_tokens
+from mismatch_cli.answers.health import summarize
+from mismatch_cli.answers.recommend import recommend
 from mismatch_cli.correction import CorrectionConfig, ResolvedCorrection, resolve
-from mismatch_cli.drift import drift
 from mismatch_cli.errors import UsageError
-from mismatch_cli.findings import find
-from mismatch_cli.findings.causes import few_tokens
-from mismatch_cli.health import summarize
 from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, discovery_warnings, iter_batches
 from mismatch_cli.io.parallel import BackgroundHashes
 from mismatch_cli.io.remote import is_remote
-from mismatch_cli.numbers import parse_integer
-from mismatch_cli.recommend import recommend
 from mismatch_cli.report import TOOL_NAME, InputSummary, Report
+from mismatch_cli.system.numbers import parse_integer
 from mismatch_cli.version import __version__
 
 # Poisson-bootstrap replicates: every chunk builds [rows, K] weight temporaries of ~12 bytes per cell

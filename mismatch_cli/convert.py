@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from mismatch_cli.batch import Batch
 from mismatch_cli.errors import DataError, UsageError
 from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, discovery_warnings, iter_batches
-from mismatch_cli.output import streamed_file
+from mismatch_cli.system.output import streamed_file
 
 FLOAT_TYPES = {"float32": (pa.float32(), np.float32), "float64": (pa.float64(), np.float64)}
 ROLE_COLUMNS = ("old_log_probs", "rollout_log_probs", "response_mask")

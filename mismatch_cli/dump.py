@@ -189,7 +189,7 @@ def write_dump(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from mismatch_cli.output import streamed_file
+    from mismatch_cli.system.output import streamed_file
 
     if dtype not in FLOAT_DTYPES:
         raise UsageError(f"write_dump: unknown dtype {dtype!r}", hint="use float32 or float64")

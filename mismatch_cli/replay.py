@@ -2,7 +2,7 @@
 
 Columns: verl (its documented token TIS: its defaults turn no IS on), xtuner (its defaults) and every replayed
 trainer of `REPLAY_FAMILIES` (its defaults). Rows: `CONCEPTS`, each read from the key the trainer logs for it.
-All trainers fold the same chunks of ONE read (`engine.runner.run_many`). Noise: a delete-a-group jackknife over
+All trainers fold the same chunks of ONE read (`engine.many.run_many`). Noise: a delete-a-group jackknife over
 `GROUPS` row groups (row index in its file modulo GROUPS). Two trainers disagree on a concept when their values
 differ by more than `SIGMAS` combined standard errors and by more than the keys' minimal practical difference;
 the trainers' traits that differ say why (docs/replay.md).
@@ -20,8 +20,8 @@ from mismatch_cli.correction import CONCEPTS, REPLAY_FAMILIES, TRAITS, resolve_f
 from mismatch_cli.correction.older import XTUNER_CONCEPTS, XTUNER_TRAITS
 from mismatch_cli.correction.verl import VERL_CONCEPTS, VERL_REPLAY_FIELDS, VERL_REPLAY_NOTE, VERL_TRAITS
 from mismatch_cli.errors import UsageError, did_you_mean
+from mismatch_cli.gate.noise import min_difference_of
 from mismatch_cli.io import ReadOptions, discover_inputs, iter_batches
-from mismatch_cli.noise import min_difference_of
 from mismatch_cli.report import SCHEMA_VERSION, TOOL_NAME
 from mismatch_cli.version import __version__
 
@@ -208,7 +208,7 @@ def replay(paths: Sequence[str], names: Sequence[str] | None = None, read_option
            device: str = "auto", dtype: str = "float32", groups: int = GROUPS, sigmas: float = SIGMAS,
            read_workers: int = 2) -> ReplayReport:
     """Read the dumps once and replay every chosen trainer's default correction over them, with jackknife noise."""
-    from mismatch_cli.engine.runner import run_many  # torch is imported only when the replay really runs
+    from mismatch_cli.engine.many import run_many  # torch is imported only when the replay really runs
 
     columns = [trainers()[name] for name in choose_trainers(names)]
     resolved = {t.name: resolve_family(t.name, dict(t.fields)) for t in columns}

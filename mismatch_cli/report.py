@@ -53,7 +53,7 @@ class Report:
     # The least invasive what-if setting whose after-health is in band, or why there is none (recommend.py).
     recommendation: dict[str, Any] | None = None
     drift: dict[str, dict[str, Any]] = field(default_factory=dict)  # metric -> trend over steps (drift.py)
-    # Causes and bug signatures, most severe first: {code, severity, title, evidence, detail} (mismatch_cli.findings).
+    # Causes and bug signatures, most severe first: {code, severity, title, evidence, detail} (answers/findings).
     findings: list[dict[str, Any]] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
 

@@ -7,6 +7,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 import mismatch_cli
 from mismatch_cli.correction import FAMILIES
 
@@ -108,8 +110,8 @@ def test_only_the_cli_knows_the_correction_flags() -> None:
     assert {m for m, targets in graph.items() if "mismatch_cli.cli.flags" in targets} <= {
         m for m in graph if m.startswith("mismatch_cli.cli")}
     assert not {t for m, targets in graph.items() if m.startswith("mismatch_cli.correction") for t in targets
-                if not t.startswith(("mismatch_cli.correction", "mismatch_cli.errors", "mismatch_cli.numbers",
-                                     "mismatch_cli.tomlconfig"))}
+                if not t.startswith(("mismatch_cli.correction", "mismatch_cli.errors", "mismatch_cli.system.numbers",
+                                     "mismatch_cli.system.tomlconfig"))}
 
 
 def _strings(path: Path) -> list[tuple[int, str]]:
@@ -184,3 +186,31 @@ def test_the_layer_check_sees_a_violation() -> None:
     assert _reaches(graph, "mismatch_cli.engine", "mismatch_cli.io") == [
         "mismatch_cli.engine.x -> mismatch_cli.io.parquet"]
     assert _reaches(graph, "mismatch_cli.render", "mismatch_cli.io") == []
+
+
+
+
+
+def _allowed(package: str) -> set[str] | None:
+    """The `May import:` line of a package's docstring, as top-level names (None when it has none)."""
+    doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text())) or ""
+    line = next((line for line in doc.splitlines() if line.startswith("May import:")), None)
+    if line is None:
+        return None
+    return {re.split(r"[\s(]", part.strip())[0] for part in line[len("May import:"):].rstrip(".").split(",")}
+
+
+@pytest.mark.parametrize("package", ["answers", "gate", "system"])
+def test_a_role_package_imports_only_what_its_docstring_says(package: str) -> None:
+    allowed = _allowed(package)
+    assert allowed, f"mismatch_cli/{package}/__init__.py says nothing of what it may import"
+    used = {t.split(".")[1] for m, targets in import_graph().items()
+            if m == f"mismatch_cli.{package}" or m.startswith(f"mismatch_cli.{package}.") for t in targets
+            if not t.startswith(f"mismatch_cli.{package}") and t != "mismatch_cli"}
+    assert used <= allowed, f"mismatch_cli.{package} imports {sorted(used - allowed)} beyond its docstring"
+
+
+def test_the_root_holds_the_public_api_and_the_packages() -> None:
+    modules = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert modules == ["api", "batch", "convert", "distributed", "dump", "errors", "replay", "report", "version"], \
+        modules

@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 
 from mismatch_cli.cli import app
 from mismatch_cli.errors import UsageError
+from mismatch_cli.gate.thresholds import evaluate, load_check_config, parse_rule
 from mismatch_cli.render.github import annotations
 from mismatch_cli.report import Report
-from mismatch_cli.thresholds import evaluate, load_check_config, parse_rule
 
 CLEAN_ENV = {"NO_COLOR": None, "FORCE_COLOR": None, "MISMATCH_DEBUG": None, "GITHUB_ACTIONS": None,
              "GITHUB_STEP_SUMMARY": None}

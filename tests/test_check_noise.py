@@ -17,9 +17,9 @@ import pytest
 from test_check import assert_exit, invoke
 
 import mismatch_cli
+from mismatch_cli.gate.thresholds import evaluate, parse_rule
 from mismatch_cli.report import Report
 from mismatch_cli.synth import SynthSpec, write_synthetic_dump
-from mismatch_cli.thresholds import evaluate, parse_rule
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = 30_000

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_check import assert_exit, invoke, make_dump
 
-from mismatch_cli.comparison import HIGHER, LOWER, LOWER_ABS, compare_reports, direction_of
+from mismatch_cli.gate.comparison import HIGHER, LOWER, LOWER_ABS, compare_reports, direction_of
 from mismatch_cli.render.compare import render_compare_plots
 from mismatch_cli.report import Report
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mismatch_cli.comparison import (
+from mismatch_cli.errors import UsageError
+from mismatch_cli.gate.comparison import (
     BETTER,
     NOISE,
     SAME,
@@ -13,10 +14,9 @@ from mismatch_cli.comparison import (
     min_difference_of,
     parse_min_differences,
 )
-from mismatch_cli.errors import UsageError
+from mismatch_cli.gate.thresholds import parse_rule
 from mismatch_cli.metrics import METRICS
 from mismatch_cli.report import Report
-from mismatch_cli.thresholds import parse_rule
 
 KL, CHI2, ESS, PPL = "rollout_corr/kl", "rollout_corr/chi2_token", "diag/ess_token", "rollout_corr/ppl_ratio"
 IS_MEAN, VETO = "rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_veto_fraction"

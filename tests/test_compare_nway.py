@@ -15,9 +15,9 @@ from rich.console import Console
 from test_check import assert_exit, invoke
 
 from mismatch_cli.errors import DataError, UsageError
-from mismatch_cli.gate import compare_many
+from mismatch_cli.gate.api import compare_many
+from mismatch_cli.gate.nway import DIFFER, MISSING, NOISE, SAME, compare_runs, default_labels
 from mismatch_cli.metrics import Direction
-from mismatch_cli.nway import DIFFER, MISSING, NOISE, SAME, compare_runs, default_labels
 from mismatch_cli.render.compare_nway import nway_grid, render_runs_table, run_cells
 from mismatch_cli.report import SCHEMA_VERSION, Report
 from mismatch_cli.synth import SynthSpec, write_synthetic_dump

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from mismatch_cli.answers.drift import change_point, drift, t_cdf, t_quantile, trend
 from mismatch_cli.api import analyze
-from mismatch_cli.drift import change_point, drift, t_cdf, t_quantile, trend
 from mismatch_cli.report import Report
 
 # Two-sided 95 % critical values of Student's t (printed tables, e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2).

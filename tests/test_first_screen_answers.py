@@ -12,8 +12,8 @@ import numpy as np
 import pyarrow.parquet as pq
 from typer.testing import CliRunner
 
+from mismatch_cli.answers.findings.model import percent
 from mismatch_cli.cli import app
-from mismatch_cli.findings.model import percent
 from mismatch_cli.metrics.notes import explain
 from mismatch_cli.render.cells import format_value
 from mismatch_cli.render.lead import glossary

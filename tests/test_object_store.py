@@ -196,7 +196,7 @@ def test_access_denied_names_the_credentials(monkeypatch) -> None:
 
 @pytest.mark.parametrize("target", ["s3://dumps/report.json", "gs://b/out", Path("s3://dumps/out")])
 def test_an_object_store_output_is_refused_not_written_as_a_local_folder(target, tmp_path, monkeypatch) -> None:
-    from mismatch_cli.output import Outputs
+    from mismatch_cli.system.output import Outputs
 
     monkeypatch.chdir(tmp_path)
     for check, flag in ((Outputs([]).check, "-o"), (Outputs([]).check_dir, "--out-dir")):

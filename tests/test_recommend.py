@@ -10,11 +10,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from mismatch_cli.answers.recommend import invasiveness, recommend
 from mismatch_cli.api import analyze
 from mismatch_cli.correction import CorrectionConfig
 from mismatch_cli.engine.whatif import LADDER
 from mismatch_cli.errors import InputError
-from mismatch_cli.recommend import invasiveness, recommend
 from mismatch_cli.report import Report
 from mismatch_cli.synth import SynthSpec, write_synthetic_dump
 

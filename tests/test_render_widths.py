@@ -18,8 +18,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from mismatch_cli.cli import app
-from mismatch_cli.comparison import compare_reports
 from mismatch_cli.correction import presets_table
+from mismatch_cli.gate.comparison import compare_reports
+from mismatch_cli.gate.thresholds import evaluate, parse_rule
 from mismatch_cli.render.cells import format_value
 from mismatch_cli.render.compare import (
     check_cells,
@@ -31,7 +32,6 @@ from mismatch_cli.render.compare import (
 from mismatch_cli.render.sections import build_sections
 from mismatch_cli.render.table import plan_blocks, presets_grid, render_presets_table, render_tables, section_grid
 from mismatch_cli.report import Report
-from mismatch_cli.thresholds import evaluate, parse_rule
 
 ROOT = Path(__file__).resolve().parents[1]
 # Relative to ROOT, as a user types them: the tables then read the same whatever folder the checkout lives in

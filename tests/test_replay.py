@@ -104,7 +104,7 @@ def test_one_read_and_chunking_invariance(monkeypatch: pytest.MonkeyPatch, repor
 
 
 def test_each_chunk_is_made_once_for_every_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
-    import mismatch_cli.engine.runner as runner
+    import mismatch_cli.engine.many as runner
 
     made: list[int] = []
     real = runner.make_chunk

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from mismatch_cli.answers.health import summarize
 from mismatch_cli.errors import InputError
-from mismatch_cli.health import summarize
 from mismatch_cli.report import InputSummary, Report
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from mismatch_cli.errors import UsageError
+from mismatch_cli.gate.thresholds import evaluate, parse_rule
 from mismatch_cli.report import Report
-from mismatch_cli.thresholds import evaluate, parse_rule
 
 KL = "rollout_corr/kl"
 CHI2 = "rollout_corr/chi2_token"
@@ -161,7 +161,7 @@ def test_to_dict_carries_scope_and_where() -> None:
 
 
 def test_grouping_an_analysis_needs_for_the_rules() -> None:
-    from mismatch_cli.thresholds import grouping_for
+    from mismatch_cli.gate.thresholds import grouping_for
 
     rules = [parse_rule(t) for t in ("abs(kl)<=0.01", "max(step:kl)<=1", "every(env_name:kl)<=1",
                                      "any(group:kl)<=1", "mean(env_name:chi2_token)<=1")]

@@ -16,7 +16,7 @@ from typer.core import TyperGroup
 
 from mismatch_cli.cli.usage import MismatchCommand, TyperError, is_help_request, usage_line
 from mismatch_cli.errors import MismatchError
-from mismatch_cli.guard import (
+from mismatch_cli.system.guard import (
     EXIT_SIGINT,
     EXIT_SIGPIPE,
     EXIT_SIGTERM,

@@ -29,7 +29,7 @@ class SynthLayout(str, enum.Enum):
 
 
 def _whole(text: str, flag: str) -> int:
-    from mismatch_cli.numbers import parse_integer
+    from mismatch_cli.system.numbers import parse_integer
 
     return parse_integer(text, flag, -(2**63), 2**63 - 1, hint=f"give {flag} a whole number, e.g. {flag} 4")
 
@@ -70,8 +70,8 @@ def synth(
     quiet: QuietOpt = False,
 ) -> None:
     """Write a realistic synthetic dump (for trying the tool and for benchmarks)."""
-    from mismatch_cli.numbers import parse_number
     from mismatch_cli.synth import SynthSpec, write_synthetic_dump
+    from mismatch_cli.system.numbers import parse_number
 
     if file_format is None:
         suffix = output.suffix.lower()

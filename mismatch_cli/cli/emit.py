@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 
 from mismatch_cli.cli.options import OutputFormat
-from mismatch_cli.output import Outputs
+from mismatch_cli.system.output import Outputs
 
 OutputOpt = Annotated[str | None, typer.Option("-o", "--output", metavar="FILE",
                                                help="Write the output to FILE ('-' = stdout).")]

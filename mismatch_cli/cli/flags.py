@@ -23,7 +23,7 @@ from mismatch_cli.correction import (
 )
 from mismatch_cli.correction.parse import pair, plain_number
 from mismatch_cli.errors import MismatchError, UsageError
-from mismatch_cli.numbers import NONE_WORDS, threshold_value
+from mismatch_cli.system.numbers import NONE_WORDS, threshold_value
 
 # flag -> upstream field, per family. A flag missing here is refused for that family.
 FLAG_FIELDS: dict[str, dict[str, str]] = {
@@ -126,7 +126,7 @@ def _verl_fields(flags: CorrectionFlags) -> dict[str, Any]:
 
 def correction_from_flags(config_file: Path | None, flags: CorrectionFlags) -> CorrectionConfig:
     """The configuration the flags and the `--config` file's [correction] table ask for, validated now."""
-    from mismatch_cli.tomlconfig import load_table
+    from mismatch_cli.system.tomlconfig import load_table
 
     table = {} if config_file is None else load_table(config_file, "correction")
     semantics = flags.semantics.value if flags.semantics is not None else None

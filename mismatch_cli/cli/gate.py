@@ -87,11 +87,11 @@ def compare(
     """Compare two runs side by side (BASE is the reference), or three or more (best and worst per metric);
     exit 1 only when a given limit is breached."""
     from mismatch_cli.cli.flags import correction_from_flags
-    from mismatch_cli.comparison import parse_min_differences
-    from mismatch_cli.gate import compare as run_compare
+    from mismatch_cli.gate.api import compare as run_compare
+    from mismatch_cli.gate.comparison import parse_min_differences
     from mismatch_cli.render.compare import render_compare_json, render_compare_markdown, render_compare_table
     from mismatch_cli.render.files import compare_files
-    from mismatch_cli.tomlconfig import load_table
+    from mismatch_cli.system.tomlconfig import load_table
 
     refuse_without("--no-plots", no_plots, "--out-dir DIR", out_dir is not None)
     if more and fail_on:
@@ -132,8 +132,8 @@ def _compare_runs(runs: list[str], correction: Any, config: Path | None, practic
                   analyze_options: dict[str, Any], out_dir: Path | None, output_format: OutputFormat,
                   output: str | None, no_plots: bool, quiet: bool) -> None:
     """`mismatch compare A B C ...`: every run side by side, then the verdict on stderr (always exit 0)."""
-    from mismatch_cli.gate import compare_many
-    from mismatch_cli.nway import refuse_repeated_inputs
+    from mismatch_cli.gate.api import compare_many
+    from mismatch_cli.gate.nway import refuse_repeated_inputs
     from mismatch_cli.render.compare_nway import render_runs_json, render_runs_markdown, render_runs_table
     from mismatch_cli.render.files import runs_files
 
@@ -190,13 +190,13 @@ def check(
     import json
 
     from mismatch_cli.cli.flags import correction_from_flags
-    from mismatch_cli.gate import check as run_check
-    from mismatch_cli.gate import could_not_run
-    from mismatch_cli.output import append_text
+    from mismatch_cli.gate.api import check as run_check
+    from mismatch_cli.gate.api import could_not_run
+    from mismatch_cli.gate.thresholds import CheckResult
     from mismatch_cli.render.compare import check_title, render_check_markdown, render_check_table
     from mismatch_cli.render.github import annotations, step_summary
     from mismatch_cli.render.junit import render_junit
-    from mismatch_cli.thresholds import CheckResult
+    from mismatch_cli.system.output import append_text
 
     label = " ".join(inputs)
     github_on = github is GithubMode.on or (github is GithubMode.auto and os.environ.get("GITHUB_ACTIONS") == "true")

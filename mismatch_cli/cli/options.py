@@ -13,7 +13,7 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 import typer
 
 from mismatch_cli.correction import FAMILIES
-from mismatch_cli.thresholds import RULE_HELP
+from mismatch_cli.gate.thresholds import RULE_HELP
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -24,8 +24,8 @@ from mismatch_cli.correction.verl import (
     resolve_verl,
 )
 from mismatch_cli.errors import ConfigError, UsageError, did_you_mean
-from mismatch_cli.numbers import NONE_WORDS
-from mismatch_cli.tomlconfig import CORRECTION_FIELDS, check_fields
+from mismatch_cli.system.numbers import NONE_WORDS
+from mismatch_cli.system.tomlconfig import CORRECTION_FIELDS, check_fields
 
 # The upstream fields each family accepts (its `[correction]` table takes them verbatim).
 FAMILY_FIELDS: dict[str, tuple[str, ...]] = {

@@ -15,7 +15,7 @@ from typing import Any
 
 from mismatch_cli.correction.model import ReplayFamily
 from mismatch_cli.errors import ConfigError, did_you_mean
-from mismatch_cli.numbers import parse_number
+from mismatch_cli.system.numbers import parse_number
 
 NEMO_RL_COMMIT = "7ea279abfbeb698b092856d0dab61e7cf39bc909"
 NEMO_RL_SOURCE = (f"nemo_rl/algorithms/loss/loss_functions.py:ClippedPGLossFn.__call__ (NeMo-RL {NEMO_RL_COMMIT[:8]})")

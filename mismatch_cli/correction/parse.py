@@ -10,7 +10,7 @@ from typing import Any
 
 from mismatch_cli.correction.model import RS_OPTIONS, IsThreshold, RsOption
 from mismatch_cli.errors import ConfigError, did_you_mean
-from mismatch_cli.numbers import THRESHOLD_HINT, parse_band, parse_number, split_specs
+from mismatch_cli.system.numbers import THRESHOLD_HINT, parse_band, parse_number, split_specs
 
 IS_THRESHOLD_HINT = "give a number such as 2.0 (TIS) or a band L_U such as 0.5_5.0 (IcePop)"
 RS_THRESHOLD_HINT = ('e.g. rollout_rs_threshold = "0.999_1.001" for a k1 option, 0.01 for k2 / k3, one per option '

@@ -15,7 +15,7 @@ from typing import Any
 
 from mismatch_cli.correction.model import ReplayFamily
 from mismatch_cli.errors import ConfigError, UsageError, did_you_mean
-from mismatch_cli.numbers import parse_number
+from mismatch_cli.system.numbers import parse_number
 
 COMMIT = "559b44772e471d1538537b8805cc77f3824a5e64"
 

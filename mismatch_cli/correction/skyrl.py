@@ -16,7 +16,7 @@ from typing import Any
 
 from mismatch_cli.correction.model import ReplayFamily
 from mismatch_cli.errors import ConfigError, did_you_mean
-from mismatch_cli.numbers import parse_number
+from mismatch_cli.system.numbers import parse_number
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 from mismatch_cli.correction.model import ReplayFamily
 from mismatch_cli.errors import ConfigError, did_you_mean
-from mismatch_cli.numbers import parse_number
+from mismatch_cli.system.numbers import parse_number
 
 SLIME_COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
 LOSS_FILE = "slime/backends/megatron_utils/loss.py"

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..batch import Batch
 from ..errors import InputError
-from ..guard import hold_for_test, raise_pending
+from ..system.guard import hold_for_test, raise_pending
 from .aliases import ROLE_ALIASES, check_options, resolve_roles
 from .detect import FORMAT_NAMES, detect_format
 from .discover import FORMATS, InputFile, discover_inputs, discovery_warnings, sha256_file

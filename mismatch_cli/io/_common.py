@@ -8,7 +8,7 @@ import stat
 import numpy as np
 
 from ..errors import InputError
-from ..oserrors import explain_os_error
+from ..system.oserrors import explain_os_error
 
 
 def reason(exc: BaseException) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ..guard import import_pandas_now
+from ..system.guard import import_pandas_now
 
 # Arrow's fixed-width number types by their type name, and numpy's same-layout dtype.
 _FIXED_WIDTH = {

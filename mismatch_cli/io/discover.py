@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import InputError, UsageError
-from ..oserrors import explain_os_error
+from ..system.oserrors import explain_os_error
 from ._common import check_file
 from .detect import (
     FORCED_EXTENSIONS,

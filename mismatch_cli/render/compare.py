@@ -9,13 +9,13 @@ from typing import Any
 
 from rich.console import Console
 
-from mismatch_cli.comparison import MARKS, Comparison, MetricRow
+from mismatch_cli.gate.comparison import MARKS, Comparison, MetricRow
+from mismatch_cli.gate.thresholds import CheckResult
 from mismatch_cli.render.cells import format_percent, format_signed, format_value
 from mismatch_cli.render.paths import display_path, paths_in_text
 from mismatch_cli.render.sections import SHOWN_ROUNDS, shown_rounds
 from mismatch_cli.render.table import Grid, Kind, print_grid
 from mismatch_cli.report import Report, strict_json
-from mismatch_cli.thresholds import CheckResult
 
 COLUMNS = ["", "metric", "base", "base 95% CI", "candidate", "candidate 95% CI", "change", "rel.", "better"]
 ROUND_COLUMNS = ["", "round", "base tokens", "cand. tokens", "base mean |d|", "cand. mean |d|", "change", "rel.",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 from html import escape
 
-from mismatch_cli.comparison import Comparison
-from mismatch_cli.nway import RunsComparison
+from mismatch_cli.gate.comparison import Comparison
+from mismatch_cli.gate.nway import RunsComparison
 from mismatch_cli.render.compare import COLUMNS, ROUND_COLUMNS, check_cells, legend, metric_cells, round_cells
 from mismatch_cli.render.html import STYLE
 

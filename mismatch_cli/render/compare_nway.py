@@ -7,7 +7,7 @@ import json
 
 from rich.console import Console
 
-from mismatch_cli.nway import NWAY_MARKS, RunsComparison, SpreadRow
+from mismatch_cli.gate.nway import NWAY_MARKS, RunsComparison, SpreadRow
 from mismatch_cli.render.cells import format_value
 from mismatch_cli.render.table import Grid, Kind, plan_blocks, print_grid
 from mismatch_cli.report import strict_json

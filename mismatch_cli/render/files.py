@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from mismatch_cli.comparison import Comparison
-from mismatch_cli.nway import RunsComparison
+from mismatch_cli.gate.comparison import Comparison
+from mismatch_cli.gate.nway import RunsComparison
 from mismatch_cli.report import Report
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from mismatch_cli.gate.thresholds import CheckResult
 from mismatch_cli.render.cells import format_value
-from mismatch_cli.thresholds import CheckResult
 
 MAX_ANNOTATIONS = 10
 TITLE = "mismatch check"

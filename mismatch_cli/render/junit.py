@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from mismatch_cli.thresholds import CheckResult
+from mismatch_cli.gate.thresholds import CheckResult
 
 SUITE = "mismatch check"
 

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mismatch_cli.answers.findings.model import percent
 from mismatch_cli.correction import REPLAY_FAMILIES
-from mismatch_cli.findings.model import percent
 from mismatch_cli.metrics import lookup
 from mismatch_cli.metrics.notes import explain
 from mismatch_cli.render.cells import format_value

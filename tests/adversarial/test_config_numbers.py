@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 
 import pytest
 from conftest import ROOT, assert_clean_failure, mismatch, snapshot
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from mismatch_cli.correction import parse_is_threshold, parse_rs_thresholds
 from mismatch_cli.errors import UsageError
-from mismatch_cli.numbers import check_threshold_text, parse_band, parse_integer, parse_number
+from mismatch_cli.system.numbers import check_threshold_text, parse_band, parse_integer, parse_number
 
 DUMP = ROOT / "sample_data" / "single_turn.parquet"
 
@@ -35,7 +35,10 @@ def reference_number(text: str) -> float | None:
     whole, dot, fraction = mantissa.partition(".")
     if not (whole or fraction) or not all(c in "0123456789" for c in whole + fraction):
         return None
-    value = float(Decimal(text.strip()))  # Decimal -> float rounds correctly, as a parser must
+    try:
+        value = float(Decimal(text.strip()))  # Decimal -> float rounds correctly, as a parser must
+    except InvalidOperation:  # an exponent past Decimal's own range: far past float's too (inf or 0)
+        return None
     if value in (float("inf"), float("-inf")) or (value == 0 and any(c in "123456789" for c in whole + fraction)):
         return None
     return value

@@ -13,8 +13,8 @@ from conftest import ROOT, assert_clean_failure, mismatch, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mismatch_cli.comparison import compare_reports
 from mismatch_cli.errors import InputError
+from mismatch_cli.gate.comparison import compare_reports
 from mismatch_cli.render.compare import render_compare_plots
 from mismatch_cli.render.plots import render_plots, signed_bins
 from mismatch_cli.report import Report, validate_report

@@ -112,7 +112,7 @@ def test_tables_and_plots_show_a_bounded_number_of_rounds() -> None:
     assert section.columns[-1] == "r4000 *"
     assert "4976 more rounds in report.json" in section.note
     assert len(rounds_by_step_section(report).columns) == 1 + SHOWN_ROUNDS
-    from mismatch_cli.comparison import compare_reports
+    from mismatch_cli.gate.comparison import compare_reports
     from mismatch_cli.render.compare import round_cells
 
     cells = round_cells(compare_reports(report, report))

@@ -28,7 +28,7 @@ SAMPLE = ROOT / "sample_data" / "single_turn.parquet"
     (errno.ENOSPC, "no space left"),
 ])
 def test_each_os_error_class_has_its_own_message(code: int, cause: str) -> None:
-    from mismatch_cli.oserrors import explain_os_error
+    from mismatch_cli.system.oserrors import explain_os_error
 
     exc = OSError(code, os.strerror(code))
     reading = explain_os_error(exc, "/data/x.parquet")

@@ -198,7 +198,7 @@ def test_a_new_out_dir_is_removed_when_a_write_fails(dump: Path, tmp_path: Path,
 
 def test_a_failed_rename_restores_the_files_already_replaced(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from mismatch_cli.output import Outputs
+    from mismatch_cli.system.output import Outputs
 
     (tmp_path / "a.txt").write_text("old a")
     (tmp_path / "b.txt").write_text("old b")
@@ -224,7 +224,7 @@ def test_a_failed_rename_restores_the_files_already_replaced(tmp_path: Path,
 
 
 def test_streamed_output_leaves_nothing_when_the_writer_fails(tmp_path: Path) -> None:
-    from mismatch_cli.output import streamed_file
+    from mismatch_cli.system.output import streamed_file
 
     target = tmp_path / "sub" / "dump.parquet"
     with pytest.raises(RuntimeError), streamed_file(target, "-o") as tmp:
@@ -292,7 +292,7 @@ def test_permission_denied_on_an_output(dump: Path, tmp_path: Path, monkeypatch:
 
 
 def test_every_file_write_goes_through_the_output_module() -> None:
-    # Temporary files, renames and files opened for writing belong in mismatch_cli/output.py only.
+    # Temporary files, renames and files opened for writing belong in mismatch_cli/system/output.py only.
     pattern = re.compile(r"mkstemp|os\.replace\(|os\.rename\(|\.savefig\((?!buffer)|open\([^)]*[\"'][wa]b?[\"']")
     offenders = []
     for path in (ROOT / "mismatch_cli").rglob("*.py"):

@@ -13,7 +13,7 @@ import pytest
 from adversarial.conftest import ROOT, snapshot
 from adversarial.guard_helpers import subprocess_env
 
-from mismatch_cli.guard import HOLD_ENV
+from mismatch_cli.system.guard import HOLD_ENV
 
 RULE = "rollout_corr/kl<=1"
 
@@ -105,9 +105,9 @@ def _swallowed(signum: int) -> None:
 def test_a_swallowed_signal_still_stops_the_read_and_the_writes(tmp_path: Path, signum: int) -> None:
     # pyarrow imports pandas lazily inside a Cython function that drops exceptions: a signal arriving
     # then was lost, and `convert` went on to write its file and exit 0.
-    from mismatch_cli.guard import Terminated, signals_raise
     from mismatch_cli.io import ReadOptions, discover_inputs, iter_batches
-    from mismatch_cli.output import Outputs
+    from mismatch_cli.system.guard import Terminated, signals_raise
+    from mismatch_cli.system.output import Outputs
 
     expected = KeyboardInterrupt if signum == signal.SIGINT else Terminated
     files = discover_inputs([str(ROOT / "sample_data" / "single_turn.parquet")])

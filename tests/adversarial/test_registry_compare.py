@@ -12,10 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from mismatch_cli.cli import app
-from mismatch_cli.comparison import BETTER, NOISE, SAME, WORSE, compare_reports
 from mismatch_cli.correction import CorrectionConfig
+from mismatch_cli.gate.comparison import BETTER, NOISE, SAME, WORSE, compare_reports
+from mismatch_cli.gate.thresholds import parse_rule
 from mismatch_cli.report import RUN_SETTINGS, Report
-from mismatch_cli.thresholds import parse_rule
 
 CORRECTION = {"semantics": "verl", "preset": None, "rollout_is": None, "rollout_is_threshold": 2.0}
 

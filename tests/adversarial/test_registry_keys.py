@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from mismatch_cli.answers.health import CHECKS, summarize
 from mismatch_cli.cli import app
 from mismatch_cli.correction import RS_OPTIONS
-from mismatch_cli.health import CHECKS, summarize
 from mismatch_cli.metrics import METRICS, Direction, closest, concrete_keys, direction_of, lookup, resolve_name
 from mismatch_cli.render.metrics import REGENERATE, render_metrics_markdown
 from mismatch_cli.synth import SynthSpec, write_synthetic_dump

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from mismatch_cli.errors import UsageError
+from mismatch_cli.gate.thresholds import evaluate, load_check_config, parse_rule
 from mismatch_cli.report import Report
-from mismatch_cli.thresholds import evaluate, load_check_config, parse_rule
 
 K1 = -0.02  # rollout − old on every token: a k1 KL of −0.02, larger in size than 0.01
 

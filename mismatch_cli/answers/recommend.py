@@ -24,8 +24,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mismatch_cli.answers.health import IS_ESS, RAW_ESS, after_what_if, applies_correction, summarize
 from mismatch_cli.correction import PRESETS, PRESETS_071, older_presets
-from mismatch_cli.health import IS_ESS, RAW_ESS, after_what_if, applies_correction, summarize
 
 # The what-if families each trainer family can run with exactly the ladder's rule (docs/report.md).
 SUPPORTED: dict[str, tuple[str, ...]] = {

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mismatch_cli.findings.model import Finding, percent
+from mismatch_cli.answers.findings.model import Finding, percent
 from mismatch_cli.metrics.catalog import ratio_mean_broken, ratio_mean_z
 
 FILL_MIN_FRACTION = 1e-3

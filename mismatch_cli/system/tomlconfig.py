@@ -16,7 +16,7 @@ from typing import Any
 
 from mismatch_cli.correction.replay import replay_fields
 from mismatch_cli.errors import UsageError, close_names, did_you_mean
-from mismatch_cli.numbers import check_threshold_text, parse_number
+from mismatch_cli.system.numbers import check_threshold_text, parse_number
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from mismatch_cli.health import CHECKS
+from mismatch_cli.answers.health import CHECKS
 from mismatch_cli.metrics import aliases_of, lookup
 
 HEADLINE = (*CHECKS, "rollout_corr/k3_kl")  # k1 is `kl`, χ² is `chi2_token`

@@ -9,8 +9,8 @@ import re
 from dataclasses import dataclass
 
 from mismatch_cli.errors import UsageError
-from mismatch_cli.numbers import NUMBER_LITERAL, parse_number
-from mismatch_cli.scopes import AGGREGATES, QUANTIFIERS, scope_words
+from mismatch_cli.gate.scopes import AGGREGATES, QUANTIFIERS, scope_words
+from mismatch_cli.system.numbers import NUMBER_LITERAL, parse_number
 
 _NUMBER = NUMBER_LITERAL.pattern
 _UNSIGNED = _NUMBER.removeprefix("[+-]?")

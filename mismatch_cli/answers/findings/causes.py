@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from mismatch_cli.answers.findings.model import Finding, percent
 from mismatch_cli.correction import SAFETY_BOUND
-from mismatch_cli.findings.model import Finding, percent
 
 SECOND_MOMENT_CHECKS = ("chi2_token", "ess_token", "eff_sample_size", "rollout_is_std")
 MULT_CHECK = "token_mult_prob_error"

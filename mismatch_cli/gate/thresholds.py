@@ -11,11 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from mismatch_cli.errors import UsageError, suggest
-from mismatch_cli.metrics import Direction, direction_of
-from mismatch_cli.noise import NoiseTest, magnitude_interval, min_difference_of
-from mismatch_cli.report import SCHEMA_VERSION, Report
-from mismatch_cli.rules import RULE_GRAMMAR, RULE_HELP, Rule, parse_rule
-from mismatch_cli.scopes import (
+from mismatch_cli.gate.noise import NoiseTest, magnitude_interval, min_difference_of
+from mismatch_cli.gate.rules import RULE_GRAMMAR, RULE_HELP, Rule, parse_rule
+from mismatch_cli.gate.scopes import (
     ALL_GROUPS,
     QUANTIFIERS,
     Entry,
@@ -27,6 +25,8 @@ from mismatch_cli.scopes import (
     scope_rows,
     scope_words,
 )
+from mismatch_cli.metrics import Direction, direction_of
+from mismatch_cli.report import SCHEMA_VERSION, Report
 
 MISSING_POLICIES = ("error", "warn", "skip")
 STATUSES = ("pass", "fail", "held", "error", "warn", "skip")
@@ -44,7 +44,7 @@ def load_check_config(path: Path | None) -> CheckConfig:
     """Read `[check]` (or `[tool.mismatch.check]`) from a TOML file; no file means no rules."""
     if path is None:
         return CheckConfig()
-    from mismatch_cli.tomlconfig import load_table
+    from mismatch_cli.system.tomlconfig import load_table
 
     table = load_table(path, "check")  # keys and types checked there
     if "fail_on" in table and "fail-on" in table:

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from mismatch_cli.oserrors import explain_os_error
+from mismatch_cli.system.oserrors import explain_os_error
 
 EXIT_SIGINT = 130
 EXIT_SIGPIPE = 141

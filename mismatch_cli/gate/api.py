@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mismatch_cli.comparison import (
+from mismatch_cli.correction import CorrectionConfig
+from mismatch_cli.errors import MismatchError, MissingGroupError, UsageError
+from mismatch_cli.gate.comparison import (
     Comparison,
     compare_reports,
     correction_notes,
@@ -18,11 +20,8 @@ from mismatch_cli.comparison import (
     load_side,
     parse_min_differences,
 )
-from mismatch_cli.correction import CorrectionConfig
-from mismatch_cli.errors import MismatchError, MissingGroupError, UsageError
-from mismatch_cli.nway import RunsComparison, compare_runs, default_labels, refuse_repeated_inputs
-from mismatch_cli.report import Report
-from mismatch_cli.thresholds import (
+from mismatch_cli.gate.nway import RunsComparison, compare_runs, default_labels, refuse_repeated_inputs
+from mismatch_cli.gate.thresholds import (
     MISSING_POLICIES,
     CheckConfig,
     CheckResult,
@@ -34,6 +33,7 @@ from mismatch_cli.thresholds import (
     parse_rule,
     require_baseline,
 )
+from mismatch_cli.report import Report
 
 Side = str | os.PathLike | Report  # a dump, a folder or glob of dumps, a report.json path, or a Report
 

@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
-from mismatch_cli.comparison import (
+from mismatch_cli.errors import DataError, UsageError
+from mismatch_cli.gate.comparison import (
     HEADLINE,
     direction_of,
     is_report_path,
     min_difference_of,
     resolve_min_differences,
 )
-from mismatch_cli.errors import DataError, UsageError
 from mismatch_cli.metrics import Direction
 from mismatch_cli.report import SCHEMA_VERSION, Report
 

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mismatch_cli.health import MULT_PROB_ERROR, PROB_DIFF, RATIO_MEAN
+from mismatch_cli.answers.health import MULT_PROB_ERROR, PROB_DIFF, RATIO_MEAN
 
 # Bug findings, the one that explains the rest first: identical sides leave nothing to measure, a fill or a
 # shift makes the other signatures meaningless, processed log-probs and a temperature are config bugs.

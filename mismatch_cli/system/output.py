@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mismatch_cli.errors import UsageError
-from mismatch_cli.guard import raise_pending
-from mismatch_cli.oserrors import explain_os_error
+from mismatch_cli.system.guard import raise_pending
+from mismatch_cli.system.oserrors import explain_os_error
 
 _TEMP_PREFIX = ".mismatch-"  # short, so that a target name near the 255-byte limit still gets a temporary name
 _NAME_MAX = 255

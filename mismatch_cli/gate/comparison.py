@@ -17,12 +17,12 @@ from typing import Any
 
 from mismatch_cli.correction import REPLAY_FAMILIES
 from mismatch_cli.errors import DataError, UsageError, suggest
+from mismatch_cli.gate.noise import min_difference_of, overlap
+from mismatch_cli.gate.thresholds import CheckResult, Rule, evaluate
 from mismatch_cli.metrics import Direction, aliases_of, closest, resolve_name
 from mismatch_cli.metrics import direction_of as registry_direction
-from mismatch_cli.noise import min_difference_of, overlap
-from mismatch_cli.numbers import parse_number
 from mismatch_cli.report import SCHEMA_VERSION, Report
-from mismatch_cli.thresholds import CheckResult, Rule, evaluate
+from mismatch_cli.system.numbers import parse_number
 
 # Directions come from the metric registry (never guessed from a name); kept here under their old names.
 LOWER, HIGHER, CLOSER_TO_1, LOWER_ABS = Direction.LOWER, Direction.HIGHER, Direction.CLOSER_TO_1, Direction.LOWER_ABS

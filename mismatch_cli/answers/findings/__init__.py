@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mismatch_cli.findings.causes import concentrated_divergence, concentration
-from mismatch_cli.findings.model import SEVERITIES, Finding
-from mismatch_cli.findings.signatures import signatures
+from mismatch_cli.answers.findings.causes import concentrated_divergence, concentration
+from mismatch_cli.answers.findings.model import SEVERITIES, Finding
+from mismatch_cli.answers.findings.signatures import signatures
 
 
 def find(report: Any, table: dict[str, Any]) -> list[Finding]:
