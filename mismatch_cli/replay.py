@@ -29,7 +29,7 @@ GROUPS = 10  # jackknife row groups
 SIGMAS = 3.0  # a disagreement is beyond SIGMAS combined jackknife standard errors
 # The traits that can explain a disagreement on each concept, most likely first.
 REASONS: dict[str, tuple[str, ...]] = {
-    "abs_diff": ("reduction",),
+    "abs_diff": ("reduction", "threshold"),  # a rejection that drops tokens changes which |d| are averaged
     "kl": ("estimator", "reduction", "clamp"),
     "chi2": ("clamp", "reduction"),
     "weight_mean": ("sequence", "threshold", "clamp", "reduction"),
