@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,7 @@ def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
+@cache  # the tree does not change during a run; each test reads the same graph
 def import_graph() -> dict[str, set[str]]:
     """mismatch_cli module -> the mismatch_cli modules it imports."""
     modules = _modules()
