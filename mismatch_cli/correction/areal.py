@@ -81,11 +81,6 @@ def _number(name: str, value: Any) -> float | None:
 
 def resolve_areal(fields: dict[str, Any]) -> tuple[ArealSpec | None, dict[str, Any]]:
     """The fields as AReaL's config classes check them, and what the engine computes (None: nothing logged)."""
-    unknown = [k for k in fields if k not in AREAL_FIELDS]
-    if unknown:
-        close = did_you_mean(unknown[0], AREAL_FIELDS)
-        raise ConfigError(f"{', '.join(unknown)} not understood by semantics areal",
-                          hint=f"{close + ' ' if close else ''}semantics areal takes {', '.join(AREAL_FIELDS)}")
     values = {**AREAL_DEFAULTS, **fields}
     decoupled = bool(_bool("use_decoupled_loss", values["use_decoupled_loss"]))
     values["use_decoupled_loss"] = decoupled

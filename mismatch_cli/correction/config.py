@@ -12,7 +12,7 @@ from typing import Any
 from mismatch_cli.correction.model import VERL_FAMILIES, ResolvedCorrection
 from mismatch_cli.correction.older import OLDER_FIELDS, XTUNER, expand_preset, older_presets, resolve_older
 from mismatch_cli.correction.parse import positive_number
-from mismatch_cli.correction.replay import FAMILIES, REPLAY_FAMILIES
+from mismatch_cli.correction.replay import FAMILIES, REPLAY_FAMILIES, check_trainer_fields
 from mismatch_cli.correction.verl import (
     PRESETS,
     PRESETS_071,
@@ -204,6 +204,7 @@ def resolve_family(family: str, fields: dict[str, Any]) -> tuple[ResolvedCorrect
     # TOML has no null: "none" / "null" switch a field off (verl 0.6.0's veto is on by default).
     fields = {k: None if isinstance(v, str) and v.strip().lower() in NONE_WORDS else v for k, v in fields.items()}
     if family in REPLAY_FAMILIES:  # a replayed trainer: its own keys only (docs/trainers.md)
+        check_trainer_fields(REPLAY_FAMILIES[family], fields)
         settings, effective = REPLAY_FAMILIES[family].resolve(fields)
         return ResolvedCorrection(None, None, False, trainer=settings, replay=True), {"semantics": family, **effective}
     mask_dtype = _mask_dtype(family, fields.pop("mask_dtype", None))

@@ -24,7 +24,6 @@ from mismatch_cli.correction.slime import (
     SlimeSpec,
     _bool,
     _checks,
-    _unknown,
     describe_slime,
     describe_slime_mis,
     resolve_slime,
@@ -71,7 +70,6 @@ MILES_MIS_DEFAULTS: dict[str, Any] = dict(MIS_DEFAULTS)
 
 def resolve_miles(fields: dict[str, Any]) -> tuple[MilesSpec, dict[str, Any]]:
     """The fields as Miles's argparse and parse_args take them (its checks in its order), then slime's hook."""
-    _unknown(fields, tuple(MILES_DEFAULTS), "miles")
     values = {**MILES_DEFAULTS, **fields}
     for name in ("use_tis", "get_mismatch_metrics", "use_rollout_logprobs"):
         _bool(values, name)
@@ -95,7 +93,6 @@ def resolve_miles(fields: dict[str, Any]) -> tuple[MilesSpec, dict[str, Any]]:
 
 def resolve_miles_mis(fields: dict[str, Any]) -> tuple[MilesSpec | MilesMisSpec, dict[str, Any]]:
     """The MIS helper's fields (mis.yaml's defaults) as compute_mis_weights reads and refuses them."""
-    _unknown(fields, tuple(MILES_MIS_DEFAULTS), "miles-mis")
     spec, effective = resolve_slime_mis(fields)
     logprobs = effective["use_rollout_logprobs"]
     if isinstance(spec, SlimeMisSpec):

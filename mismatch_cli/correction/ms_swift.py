@@ -67,11 +67,6 @@ def _micro_batch(value: Any) -> int:
 
 def resolve_ms_swift(fields: dict[str, Any]) -> tuple[MsSwiftSpec | None, dict[str, Any]]:
     """The fields as ms-swift's argument parser and GRPO trainer take them, and what the engine computes."""
-    unknown = [k for k in fields if k not in MS_SWIFT_FIELDS]
-    if unknown:
-        close = did_you_mean(unknown[0], MS_SWIFT_FIELDS)
-        raise ConfigError(f"{', '.join(unknown)} not understood by semantics ms-swift",
-                          hint=f"{close + ' ' if close else ''}semantics ms-swift takes {', '.join(MS_SWIFT_FIELDS)}")
     values = {**MS_SWIFT_DEFAULTS, **fields}
     mode = values["rollout_importance_sampling_mode"]
     if _none(mode):

@@ -83,11 +83,6 @@ def _check(condition: bool, message: str, hint: str) -> None:
 
 def resolve_nemo_rl(fields: dict[str, Any]) -> tuple[NemoRlSpec, dict[str, Any]]:
     """The fields as ClippedPGLossConfig types them and ClippedPGLossFn checks them, and what the engine computes."""
-    unknown = [k for k in fields if k not in NEMO_RL_FIELDS]
-    if unknown:
-        close = did_you_mean(unknown[0], NEMO_RL_FIELDS)
-        raise ConfigError(f"{', '.join(unknown)} not understood by semantics nemo-rl",
-                          hint=f"{close + ' ' if close else ''}semantics nemo-rl takes {', '.join(NEMO_RL_FIELDS)}")
     values = {**NEMO_RL_DEFAULTS, **fields}
     for name in BOOL_FIELDS:
         values[name] = _bool(name, values[name])

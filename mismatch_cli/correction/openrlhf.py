@@ -88,11 +88,6 @@ def _micro_batch(value: Any) -> int:
 
 def resolve_openrlhf(fields: dict[str, Any]) -> tuple[OpenrlhfSpec | None, dict[str, Any]]:
     """The fields as train_ppo_ray.py and PolicyLoss check them, and what the engine computes (None: nothing logged)."""
-    unknown = [k for k in fields if k not in OPENRLHF_FIELDS]
-    if unknown:
-        close = did_you_mean(unknown[0], OPENRLHF_FIELDS)
-        raise ConfigError(f"{', '.join(unknown)} not understood by semantics openrlhf",
-                          hint=f"{close + ' ' if close else ''}semantics openrlhf takes {', '.join(OPENRLHF_FIELDS)}")
     values = {**OPENRLHF_DEFAULTS, **fields}
     for name in STRING_FIELDS:
         if not isinstance(values[name], str):

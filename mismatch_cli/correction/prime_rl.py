@@ -59,11 +59,6 @@ def _number(name: str, value: Any) -> float:
 
 def resolve_prime_rl(fields: dict[str, Any]) -> tuple[PrimeRlSpec, dict[str, Any]]:
     """The fields as prime-rl's `TrainerConfig.loss` validates them, and what the engine computes."""
-    unknown = [k for k in fields if k not in PRIME_RL_FIELDS]
-    if unknown:
-        close = did_you_mean(unknown[0], PRIME_RL_FIELDS)
-        raise ConfigError(f"{', '.join(unknown)} not understood by semantics prime-rl",
-                          hint=f"{close + ' ' if close else ''}semantics prime-rl takes {', '.join(PRIME_RL_FIELDS)}")
     loss_type = fields.get("type", "default")
     if isinstance(loss_type, str):
         loss_type = loss_type.strip()

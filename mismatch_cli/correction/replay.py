@@ -6,6 +6,9 @@ fields (given one by one or in the `[correction]` table); docs/trainers.md says 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from mismatch_cli.correction.areal import FAMILY as AREAL
 from mismatch_cli.correction.miles import FAMILY as MILES
 from mismatch_cli.correction.miles import MIS_FAMILY as MILES_MIS
@@ -18,6 +21,7 @@ from mismatch_cli.correction.skyrl import FAMILY as SKYRL
 from mismatch_cli.correction.slime import FAMILY as SLIME
 from mismatch_cli.correction.slime import MIS_FAMILY as SLIME_MIS
 from mismatch_cli.correction.trl import FAMILY as TRL
+from mismatch_cli.errors import ConfigError, did_you_mean
 
 REPLAY_FAMILIES: dict[str, ReplayFamily] = {family.name: family for family in (
     TRL,
@@ -47,6 +51,16 @@ CONCEPTS: dict[str, str] = {
 # The reasons trainers differ, in the order `replay` names them (ReplayFamily.traits); `estimator` says which
 # KL estimate a trainer logs for the `kl` concept.
 TRAITS = ("estimator", "sequence", "clamp", "reduction", "threshold")
+
+
+def check_trainer_fields(family: ReplayFamily, fields: Mapping[str, Any]) -> None:
+    """Refuse a field the trainer does not have, naming the closest one and all of the family's (exit 2)."""
+    known = tuple(family.defaults)
+    unknown = [k for k in fields if k not in known]
+    if unknown:
+        close = did_you_mean(unknown[0], known)
+        raise ConfigError(f"{', '.join(unknown)} not understood by semantics {family.name}",
+                          hint=f"{close + ' ' if close else ''}semantics {family.name} takes {', '.join(known)}")
 
 
 def replay_fields() -> dict[str, str]:

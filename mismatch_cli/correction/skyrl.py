@@ -104,11 +104,6 @@ def _micro_batch(value: Any) -> int:
 
 def resolve_skyrl(fields: dict[str, Any]) -> tuple[SkyrlSpec | None, dict[str, Any]]:
     """The fields as SkyRL's config and `validate_cfg` check them, and what the engine computes (None: off)."""
-    unknown = [k for k in fields if k not in SKYRL_FIELDS]
-    if unknown:
-        close = did_you_mean(unknown[0], SKYRL_FIELDS)
-        raise ConfigError(f"{', '.join(unknown)} not understood by semantics skyrl",
-                          hint=f"{close + ' ' if close else ''}semantics skyrl takes {', '.join(SKYRL_FIELDS)}")
     values = {**SKYRL_DEFAULTS, **fields}
     for name in STRING_FIELDS:
         value = values[name]

@@ -90,13 +90,6 @@ LEVELS = ("token", "sequence", "geometric")
 MODES = ("truncate", "clip", "mask")
 
 
-def _unknown(fields: dict[str, Any], known: tuple[str, ...], name: str) -> None:
-    unknown = [k for k in fields if k not in known]
-    if unknown:
-        close = did_you_mean(unknown[0], known)
-        raise ConfigError(f"{', '.join(unknown)} not understood by semantics {name}",
-                          hint=f"{close + ' ' if close else ''}semantics {name} takes {', '.join(known)}")
-
 
 def _bool(values: dict[str, Any], name: str) -> None:
     value = values[name]
@@ -133,7 +126,6 @@ def _checks(values: dict[str, Any]) -> None:
 
 def resolve_slime(fields: dict[str, Any]) -> tuple[SlimeSpec, dict[str, Any]]:
     """The fields as slime's argparse and slime_validate_args take them, and what the engine computes."""
-    _unknown(fields, tuple(SLIME_DEFAULTS), "slime")
     values = {**SLIME_DEFAULTS, **fields}
     for name in ("use_tis", "get_mismatch_metrics", "use_rollout_logprobs", "calculate_per_token_loss"):
         _bool(values, name)
@@ -160,7 +152,6 @@ def resolve_slime(fields: dict[str, Any]) -> tuple[SlimeSpec, dict[str, Any]]:
 
 def resolve_slime_mis(fields: dict[str, Any]) -> tuple[SlimeMisSpec | SlimeSpec, dict[str, Any]]:
     """The MIS helper's fields as compute_mis_weights reads and refuses them (a SlimeSpec: helper not called)."""
-    _unknown(fields, tuple(MIS_DEFAULTS), "slime-mis")
     values = {**MIS_DEFAULTS, **fields}
     for name in BOOL_FIELDS:
         _bool(values, name)

@@ -53,11 +53,6 @@ def _bound(name: str, value: Any) -> float | None:
 
 def resolve_trl(fields: dict[str, Any]) -> tuple[TrlSpec | None, dict[str, Any]]:
     """The fields as `GRPOConfig` resolves and checks them, and what the engine computes (None: correction off)."""
-    unknown = [k for k in fields if k not in TRL_FIELDS]
-    if unknown:
-        close = did_you_mean(unknown[0], TRL_FIELDS)
-        raise ConfigError(f"{', '.join(unknown)} not understood by semantics trl",
-                          hint=f"{close + ' ' if close else ''}semantics trl takes {', '.join(TRL_FIELDS)}")
     values = {**TRL_DEFAULTS, **fields}
     for name in NUMBER_FIELDS:
         values[name] = _bound(name, values[name])
