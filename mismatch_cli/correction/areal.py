@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mismatch_cli.correction.model import ReplayFamily
+from mismatch_cli.correction.parse import field_bool, field_number
 from mismatch_cli.errors import ConfigError, did_you_mean
-from mismatch_cli.system.numbers import parse_number
 
 
 @dataclass(frozen=True)
@@ -55,36 +55,12 @@ AREAL_SOURCE = ("areal/utils/functional/functional.py:apply_rejection_sampling a
                 "areal/trainer/ppo/actor.py:grpo_loss_fn (AReaL 1.0.4)")
 
 
-def _none(value: Any) -> bool:
-    return value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", ""))
-
-
-def _bool(name: str, value: Any) -> bool | None:
-    if _none(value):
-        return None
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise ConfigError(f"{name} must be true or false, got {value!r}", hint=f"write {name}=true")
-
-
-def _number(name: str, value: Any) -> float | None:
-    if _none(value):
-        if name == "lower":
-            return None
-        raise ConfigError(f"{name} must be a number, got {value!r}", hint=f"write {name}=5.0")
-    if isinstance(value, bool):
-        raise ConfigError(f"{name} must be a number, got {value!r}", hint=f"write {name}=5.0")
-    return parse_number(value, name, f"write {name}=5.0")
-
-
 def resolve_areal(fields: dict[str, Any]) -> tuple[ArealSpec | None, dict[str, Any]]:
     """The fields as AReaL's config classes check them, and what the engine computes (None: nothing logged)."""
     values = {**AREAL_DEFAULTS, **fields}
-    decoupled = bool(_bool("use_decoupled_loss", values["use_decoupled_loss"]))
+    decoupled = bool(field_bool("use_decoupled_loss", values["use_decoupled_loss"], optional=True))
     values["use_decoupled_loss"] = decoupled
-    switch = _bool("rejection_sampling", values["rejection_sampling"])
+    switch = field_bool("rejection_sampling", values["rejection_sampling"], optional=True)
     given = [k for k in RS_FIELDS if k in fields]
     if switch is False and given:
         raise ConfigError(f"rejection_sampling=false but {', '.join(given)} set",
@@ -99,7 +75,8 @@ def resolve_areal(fields: dict[str, Any]) -> tuple[ArealSpec | None, dict[str, A
         if value not in CHOICES[name]:  # RejectionSamplingConfig.__post_init__'s words
             raise ConfigError(f"{name} must be one of {CHOICES[name]}, got '{value}'",
                               hint=did_you_mean(value, CHOICES[name], f"use {' or '.join(CHOICES[name])}"))
-    upper, lower = _number("upper", values["upper"]), _number("lower", values["lower"])
+    upper = field_number("upper", values["upper"], 5.0)
+    lower = field_number("lower", values["lower"], 5.0, optional=True)
     metric, action = values["metric"], values["action"]
     if lower is not None and lower > upper:
         raise ConfigError(f"lower ({lower}) cannot be greater than upper ({upper})", hint="swap them")

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from mismatch_cli.correction.model import ReplayFamily
+from mismatch_cli.correction.parse import field_bool
 from mismatch_cli.correction.slime import FAMILY as SLIME
 from mismatch_cli.correction.slime import (
     MIS_DEFAULTS,
     SLIME_DEFAULTS,
     SlimeMisSpec,
     SlimeSpec,
-    _bool,
     _checks,
     describe_slime,
     describe_slime_mis,
@@ -72,7 +72,7 @@ def resolve_miles(fields: dict[str, Any]) -> tuple[MilesSpec, dict[str, Any]]:
     """The fields as Miles's argparse and parse_args take them (its checks in its order), then slime's hook."""
     values = {**MILES_DEFAULTS, **fields}
     for name in ("use_tis", "get_mismatch_metrics", "use_rollout_logprobs"):
-        _bool(values, name)
+        values[name] = field_bool(name, values[name])
     path = values["custom_tis_function_path"]
     if isinstance(path, str) and path.strip().lower() in ("", "none", "null"):
         path = None

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mismatch_cli.correction.model import ReplayFamily
+from mismatch_cli.correction.parse import field_bool, field_number, is_unset
 from mismatch_cli.errors import ConfigError, did_you_mean
 from mismatch_cli.system.numbers import parse_number
 
@@ -42,21 +43,8 @@ MS_SWIFT_SOURCE = ("swift/rlhf_trainers/grpo_trainer.py:GRPOTrainer._compute_rol
 MICRO = "per_device_train_batch_size"
 
 
-def _none(value: Any) -> bool:
-    return value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", ""))
-
-
-def _bool(value: Any) -> bool:
-    name = "log_rollout_offpolicy_metrics"
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name} must be true or false, got {value!r}", hint=f"write {name}=true")
-    return value
-
-
 def _micro_batch(value: Any) -> int:
-    if isinstance(value, bool) or _none(value):
+    if isinstance(value, bool) or is_unset(value):
         raise ConfigError(f"{MICRO} must be a whole number, got {value!r}", hint=f"write {MICRO}=4")
     number = parse_number(value, MICRO, f"write {MICRO}=4")
     if number != int(number) or number <= 0:
@@ -69,7 +57,7 @@ def resolve_ms_swift(fields: dict[str, Any]) -> tuple[MsSwiftSpec | None, dict[s
     """The fields as ms-swift's argument parser and GRPO trainer take them, and what the engine computes."""
     values = {**MS_SWIFT_DEFAULTS, **fields}
     mode = values["rollout_importance_sampling_mode"]
-    if _none(mode):
+    if is_unset(mode):
         mode = None
     elif mode not in MS_SWIFT_MODES:  # HfArgumentParser: the Literal's values are argparse choices
         raise ConfigError(f"rollout_importance_sampling_mode: invalid choice: {mode!r} "
@@ -77,14 +65,13 @@ def resolve_ms_swift(fields: dict[str, Any]) -> tuple[MsSwiftSpec | None, dict[s
                           hint=did_you_mean(str(mode), MS_SWIFT_MODES, "use one of " + ", ".join(MS_SWIFT_MODES)))
     values["rollout_importance_sampling_mode"] = mode
     name = "rollout_importance_sampling_threshold"
-    if isinstance(values[name], bool) or _none(values[name]):
-        raise ConfigError(f"{name} must be a number, got {values[name]!r}", hint=f"write {name}=2.0")
-    values[name] = parse_number(values[name], name, f"write {name}=2.0")
+    values[name] = field_number(name, values[name], 2.0)
     if mode is not None and values[name] == 0:
         # _compute_is_correction_metrics divides 1.0 by the threshold (the ESS clamp's lower bound).
         raise ConfigError(f"float division by zero ({name}=0: ms-swift's 1.0 / threshold fails on the first step)",
                           hint=f"write {name}=2.0 (ms-swift's default)")
-    values["log_rollout_offpolicy_metrics"] = _bool(values["log_rollout_offpolicy_metrics"])
+    switch = "log_rollout_offpolicy_metrics"
+    values[switch] = field_bool(switch, values[switch])
     values[MICRO] = _micro_batch(values[MICRO])
     # should_compute_rollout_metrics: nothing is logged without a mode or the metrics switch.
     if mode is None and not values["log_rollout_offpolicy_metrics"]:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mismatch_cli.correction.model import ReplayFamily
+from mismatch_cli.correction.parse import field_number
 from mismatch_cli.errors import ConfigError, did_you_mean
-from mismatch_cli.system.numbers import parse_number
 
 NEMO_RL_COMMIT = "7ea279abfbeb698b092856d0dab61e7cf39bc909"
 NEMO_RL_SOURCE = (f"nemo_rl/algorithms/loss/loss_functions.py:ClippedPGLossFn.__call__ (NeMo-RL {NEMO_RL_COMMIT[:8]})")
@@ -59,14 +59,6 @@ def _bool(name: str, value: Any) -> bool:
     return value
 
 
-def _number(name: str, value: Any) -> float | None:
-    if value is None or (isinstance(value, str) and value.strip().lower() in NONE_WORDS):
-        return None
-    if isinstance(value, bool):
-        raise ConfigError(f"{name} must be a number or none, got {value!r}", hint=f"write {name}=2.0 or {name}=none")
-    return parse_number(value, name, f"write {name}=2.0 or {name}=none")
-
-
 def _string(name: str, value: Any, optional: bool) -> str | None:
     if optional and (value is None or (isinstance(value, str) and value.strip().lower() in NONE_WORDS)):
         return None
@@ -87,7 +79,7 @@ def resolve_nemo_rl(fields: dict[str, Any]) -> tuple[NemoRlSpec, dict[str, Any]]
     for name in BOOL_FIELDS:
         values[name] = _bool(name, values[name])
     for name in NUMBER_FIELDS:
-        values[name] = _number(name, values[name])
+        values[name] = field_number(name, values[name], 2.0, optional=True)
     values["reference_policy_kl_type"] = _string("reference_policy_kl_type", values["reference_policy_kl_type"],
                                                  optional=False)
     tis = values["truncated_importance_sampling_type"] = _string(

@@ -1,4 +1,4 @@
-"""Parsing of the correction fields' values: verl's threshold grammar and the older families' numbers.
+"""Parsing of the correction fields' values: verl's threshold grammar, other families' numbers and switches.
 
 Messages name config fields (`rollout_is_threshold`), never command-line flags: the CLI maps them.
 """
@@ -195,3 +195,31 @@ def threshold_log(value: float) -> float:
     import numpy as np  # here, not at import: `mismatch --help` must not load numpy (tests/test_cli.py)
 
     return float(np.log(np.float32(value)))
+
+
+def is_unset(value: Any) -> bool:
+    """A replayed trainer's field left unset: None, or the strings none, null or '' (TOML has no null)."""
+    return value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", ""))
+
+
+def field_bool(name: str, value: Any, optional: bool = False) -> bool | None:
+    """A true / false field (the strings "true" / "false" too), None when unset and `optional`."""
+    if optional and is_unset(value):
+        return None
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false, got {value!r}", hint=f"write {name}=true")
+    return value
+
+
+def field_number(name: str, value: Any, example: float, optional: bool = False) -> float | None:
+    """A plain finite number (never a bool), None when unset and `optional`; the hint writes `example`."""
+    hint = f"write {name}={example}" + (f" or {name}=none" if optional else "")
+    if is_unset(value):
+        if optional:
+            return None
+        raise ConfigError(f"{name} must be a number, got {value!r}", hint=hint)
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be a number{' or none' if optional else ''}, got {value!r}", hint=hint)
+    return parse_number(value, name, hint)

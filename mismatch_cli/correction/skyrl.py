@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mismatch_cli.correction.model import ReplayFamily
+from mismatch_cli.correction.parse import field_number, is_unset
 from mismatch_cli.errors import ConfigError, did_you_mean
 from mismatch_cli.system.numbers import parse_number
 
@@ -76,23 +77,9 @@ SKYRL_SOURCE = ("skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py
                 "(SkyRL 0.4.0)")
 
 
-def _none(value: Any) -> bool:
-    return value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", ""))
-
-
-def _number(name: str, value: Any) -> float | None:
-    if _none(value):
-        if name in OPTIONAL_NUMBERS:
-            return None
-        raise ConfigError(f"{name} must be a number, got {value!r}", hint=f"write {name}={SKYRL_DEFAULTS[name]}")
-    if isinstance(value, bool):
-        raise ConfigError(f"{name} must be a number, got {value!r}", hint=f"write {name}=2.0")
-    return parse_number(value, name, f"write {name}=2.0")
-
-
 def _micro_batch(value: Any) -> int:
     name = "micro_train_batch_size_per_gpu"
-    if isinstance(value, bool) or _none(value):
+    if isinstance(value, bool) or is_unset(value):
         raise ConfigError(f"{name} must be a whole number, got {value!r}", hint=f"write {name}=4")
     number = parse_number(value, name, f"write {name}=4")
     if number != int(number):
@@ -107,12 +94,13 @@ def resolve_skyrl(fields: dict[str, Any]) -> tuple[SkyrlSpec | None, dict[str, A
     values = {**SKYRL_DEFAULTS, **fields}
     for name in STRING_FIELDS:
         value = values[name]
-        if _none(value):
+        if is_unset(value):
             values[name] = None
         elif not isinstance(value, str):
             raise ConfigError(f"{name} must be a string or none, got {value!r}", hint=f"write {name}=token")
     for name in NUMBER_FIELDS:
-        values[name] = _number(name, values[name])
+        values[name] = field_number(name, values[name], SKYRL_DEFAULTS[name] or 2.0,
+                                    optional=name in OPTIONAL_NUMBERS)
     values["micro_train_batch_size_per_gpu"] = _micro_batch(values["micro_train_batch_size_per_gpu"])
     tis, metric = values["tis_ratio_type"], values["sequence_mask_metric"]
     # skyrl/train/utils/utils.py:validate_cfg asserts these; the compute functions raise the second message.

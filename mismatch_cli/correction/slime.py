@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mismatch_cli.correction.model import ReplayFamily
+from mismatch_cli.correction.parse import field_bool, field_number
 from mismatch_cli.errors import ConfigError, did_you_mean
-from mismatch_cli.system.numbers import parse_number
 
 SLIME_COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
 LOSS_FILE = "slime/backends/megatron_utils/loss.py"
@@ -91,26 +91,6 @@ MODES = ("truncate", "clip", "mask")
 
 
 
-def _bool(values: dict[str, Any], name: str) -> None:
-    value = values[name]
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        values[name] = value.strip().lower() == "true"
-    if not isinstance(values[name], bool):
-        raise ConfigError(f"{name} must be true or false, got {value!r}", hint=f"write {name}=true")
-
-
-def _number(values: dict[str, Any], name: str, optional: bool = False) -> None:
-    value = values[name]
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
-        if optional:
-            values[name] = None
-            return
-        raise ConfigError(f"{name} must be a number, got {value!r}", hint=f"write {name}=2.0")
-    if isinstance(value, bool):
-        raise ConfigError(f"{name} must be a number, got {value!r}", hint=f"write {name}=2.0")
-    values[name] = parse_number(value, name, f"write {name}=2.0")
-
-
 def _level(values: dict[str, Any], name: str) -> None:
     if values[name] not in LEVELS:
         raise ConfigError(f"Invalid level: {values[name]}",
@@ -128,9 +108,9 @@ def resolve_slime(fields: dict[str, Any]) -> tuple[SlimeSpec, dict[str, Any]]:
     """The fields as slime's argparse and slime_validate_args take them, and what the engine computes."""
     values = {**SLIME_DEFAULTS, **fields}
     for name in ("use_tis", "get_mismatch_metrics", "use_rollout_logprobs", "calculate_per_token_loss"):
-        _bool(values, name)
+        values[name] = field_bool(name, values[name])
     for name in ("tis_clip", "tis_clip_low"):
-        _number(values, name)
+        values[name] = field_number(name, values[name], 2.0)
     path = values["custom_tis_function_path"]
     if isinstance(path, str) and path.strip().lower() in ("", "none", "null"):
         path = values["custom_tis_function_path"] = None
@@ -154,10 +134,10 @@ def resolve_slime_mis(fields: dict[str, Any]) -> tuple[SlimeMisSpec | SlimeSpec,
     """The MIS helper's fields as compute_mis_weights reads and refuses them (a SlimeSpec: helper not called)."""
     values = {**MIS_DEFAULTS, **fields}
     for name in BOOL_FIELDS:
-        _bool(values, name)
-    _number(values, "tis_upper_bound")
+        values[name] = field_bool(name, values[name])
+    values["tis_upper_bound"] = field_number("tis_upper_bound", values["tis_upper_bound"], 2.0)
     for name in ("tis_lower_bound", "rs_lower_bound", "rs_upper_bound", "rs_veto_threshold"):
-        _number(values, name, optional=True)
+        values[name] = field_number(name, values[name], 2.0, optional=True)
     _checks(values)
     per_token = values["calculate_per_token_loss"]
     if not (values["use_tis"] or values["get_mismatch_metrics"]):

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mismatch_cli.correction.model import ReplayFamily
+from mismatch_cli.correction.parse import field_bool, field_number
 from mismatch_cli.errors import ConfigError, did_you_mean
-from mismatch_cli.system.numbers import parse_number
 
 
 @dataclass(frozen=True)
@@ -43,26 +43,13 @@ NUMBER_FIELDS = ("vllm_importance_sampling_clip_max", "vllm_importance_sampling_
 TRL_SOURCE = "trl/trainer/grpo_trainer.py:GRPOTrainer._generate_and_score_completions (TRL 1.16.0)"
 
 
-def _bound(name: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ConfigError(f"{name} must be a number or none, got {value!r}", hint=f"write {name}=3.0 or {name}=none")
-    return parse_number(value, name, f"write {name}=3.0 or {name}=none")
-
-
 def resolve_trl(fields: dict[str, Any]) -> tuple[TrlSpec | None, dict[str, Any]]:
     """The fields as `GRPOConfig` resolves and checks them, and what the engine computes (None: correction off)."""
     values = {**TRL_DEFAULTS, **fields}
     for name in NUMBER_FIELDS:
-        values[name] = _bound(name, values[name])
-    switch = values["vllm_importance_sampling_correction"]
-    if isinstance(switch, str) and switch.strip().lower() in ("true", "false"):
-        values["vllm_importance_sampling_correction"] = switch.strip().lower() == "true"
-    if not isinstance(values["vllm_importance_sampling_correction"], bool):
-        raise ConfigError("vllm_importance_sampling_correction must be true or false, "
-                          f"got {values['vllm_importance_sampling_correction']!r}",
-                          hint="write vllm_importance_sampling_correction=true")
+        values[name] = field_number(name, values[name], 3.0, optional=True)
+    values["vllm_importance_sampling_correction"] = field_bool("vllm_importance_sampling_correction",
+                                                              values["vllm_importance_sampling_correction"])
     if values["vllm_importance_sampling_cap"] is not None:  # GRPOConfig: the deprecated cap overwrites clip_max
         values["vllm_importance_sampling_clip_max"] = values["vllm_importance_sampling_cap"]
     mode = values["vllm_importance_sampling_mode"]
