@@ -18,6 +18,7 @@ import torch
 
 from mismatch_cli.correction.ms_swift import MsSwiftSpec
 from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.microbatch import MicroBatchRows
 from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.state import F64, Reducer
 
@@ -145,27 +146,14 @@ class MsSwiftAccumulator(Accumulator):
         self.keys = ms_swift_keys(spec)
         self.state = Reducer(device)
         self.dtype = torch.float64
-        self.edges: dict[tuple[str, int], list[torch.Tensor]] = {}  # rows of micro-batches cut by a chunk's edge
+        self.rows = MicroBatchRows(spec.micro_batch_size)
 
     def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
         """Fold one chunk: whole micro-batches at once, the rows of the cut ones kept for `compute`."""
         self.dtype = chunk.old.dtype
-        stats = _row_stats(chunk, self.spec)
-        rows, size = stats.shape[0], self.spec.micro_batch_size
-        if not rows:
-            return
-        mb_host = (chunk.first_row + np.arange(rows)) // size
-        cut = np.zeros(rows, dtype=bool)
-        if chunk.first_row % size:
-            cut |= mb_host == mb_host[0]
-        if (chunk.first_row + rows) % size:
-            cut |= mb_host == mb_host[-1]
-        for key in np.unique(mb_host[cut]):
-            self.edges.setdefault((chunk.source, int(key)), []).append(stats[torch.as_tensor(mb_host == key)])
-        whole = torch.as_tensor(~cut, device=stats.device)
-        if bool(whole.any()):
-            mb = torch.as_tensor(mb_host, device=stats.device)
-            self._fold(self.state, _finalize(stats[whole], mb[whole], self.spec, self.dtype))
+        whole = self.rows.whole(chunk.source, chunk.first_row, _row_stats(chunk, self.spec))
+        if whole is not None:
+            self._fold(self.state, _finalize(*whole, self.spec, self.dtype))
 
     @staticmethod
     def _fold(state: Reducer, values: dict[str, torch.Tensor]) -> None:
@@ -176,17 +164,14 @@ class MsSwiftAccumulator(Accumulator):
     def merge(self, other: MsSwiftAccumulator) -> None:
         """Fold another shard of the same dump in."""
         self.state.merge(other.state)
-        self.dtype = other.dtype if other.state.values or other.edges else self.dtype
-        for key, parts in other.edges.items():
-            self.edges.setdefault(key, []).extend(parts)
+        self.dtype = other.dtype if other.state.values or other.rows.edges else self.dtype
+        self.rows.merge(other.rows)
 
     def compute(self) -> Contribution:
         """The keys as ms-swift's `log` writes them for one logging window on one process."""
         state = Reducer(self.state.device)
         state.merge(self.state)
-        for (_, key), parts in sorted(self.edges.items()):
-            stats = torch.cat(parts)
-            mb = torch.full((stats.shape[0],), key, dtype=torch.int64, device=stats.device)
+        for stats, mb in self.rows.joined():
             self._fold(state, _finalize(stats, mb, self.spec, self.dtype))
         count = state.get("micro_batches")
         family: dict[str, float | None] = {

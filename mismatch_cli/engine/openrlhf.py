@@ -14,11 +14,11 @@ keep their rows' numbers until `compute`.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from mismatch_cli.correction.openrlhf import OpenrlhfSpec
 from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.microbatch import MicroBatchRows
 from mismatch_cli.engine.ops import segment_count, segment_sum
 from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.state import F64, Reducer
@@ -105,46 +105,30 @@ class OpenrlhfAccumulator(Accumulator):
         self.spec = spec
         self.state = Reducer(device)
         self.dtype = torch.float64
-        self.edges: dict[tuple[str, int], list[torch.Tensor]] = {}  # rows of micro-batches cut by a chunk's edge
+        self.rows = MicroBatchRows(spec.micro_batch_size)
 
     def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
         """Fold one chunk: whole micro-batches at once, the rows of the cut ones kept for `compute`."""
-        stats = _row_stats(chunk, self.spec)
         self.dtype = chunk.masked[0].dtype
-        rows, size = stats.shape[0], self.spec.micro_batch_size
-        if not rows:
-            return
-        mb_host = (chunk.first_row + np.arange(rows)) // size
-        cut = np.zeros(rows, dtype=bool)
-        if chunk.first_row % size:
-            cut |= mb_host == mb_host[0]
-        if (chunk.first_row + rows) % size:
-            cut |= mb_host == mb_host[-1]
-        for key in np.unique(mb_host[cut]):
-            self.edges.setdefault((chunk.source, int(key)), []).append(stats[torch.as_tensor(mb_host == key)])
-        whole = torch.as_tensor(~cut, device=stats.device)
-        if bool(whole.any()):
-            mb = torch.as_tensor(mb_host, device=stats.device)
-            _fold(self.state, _finalize(stats[whole], mb[whole], self.spec, self.dtype))
+        whole = self.rows.whole(chunk.source, chunk.first_row, _row_stats(chunk, self.spec))
+        if whole is not None:
+            _fold(self.state, _finalize(*whole, self.spec, self.dtype))
 
     def merge(self, other: OpenrlhfAccumulator) -> None:
         """Fold another shard of the same dump in."""
         self.state.merge(other.state)
         self.dtype = other.dtype
-        for key, parts in other.edges.items():
-            self.edges.setdefault(key, []).extend(parts)
+        self.rows.merge(other.rows)
 
     def compute(self) -> Contribution:
         """The keys as OpenRLHF logs them for one training step on one process."""
         state = Reducer(self.state.device)
         state.merge(self.state)
         dropped = 0
-        for (_, key), parts in sorted(self.edges.items()):
-            stats = torch.cat(parts)
+        for stats, mb in self.rows.joined():
             if stats.shape[0] < self.spec.micro_batch_size:  # the DataLoader's drop_last
                 dropped += stats.shape[0]
                 continue
-            mb = torch.full((stats.shape[0],), key, dtype=torch.int64, device=stats.device)
             _fold(state, _finalize(stats, mb, self.spec, self.dtype))
         notes = []
         if dropped:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
 from mismatch_cli.correction.skyrl import SkyrlSpec
 from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.microbatch import MicroBatchRows
 from mismatch_cli.engine.ops import segment_count, segment_max, segment_sum
 from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.state import F64, Reducer
@@ -195,43 +195,25 @@ class SkyrlAccumulator(Accumulator):
         self.spec = spec
         self.keys = skyrl_keys(spec)
         self.state = Reducer(device)
-        self.edges: dict[tuple[str, int], list[torch.Tensor]] = {}  # rows of micro-batches cut by a chunk's edge
+        self.rows = MicroBatchRows(spec.micro_batch_size)
 
     def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
         """Fold one chunk: whole micro-batches at once, the rows of the cut ones kept for `compute`."""
-        stats = _row_stats(chunk, self.spec)
-        rows, size = stats.shape[0], self.spec.micro_batch_size
-        if not rows:
-            return
-        index = chunk.first_row + np.arange(rows)
-        mb_host = index // size
-        cut = np.zeros(rows, dtype=bool)
-        if chunk.first_row % size:
-            cut |= mb_host == mb_host[0]
-        if (chunk.first_row + rows) % size:
-            cut |= mb_host == mb_host[-1]
-        mb = torch.as_tensor(mb_host, device=stats.device)
-        for key in np.unique(mb_host[cut]):
-            self.edges.setdefault((chunk.source, int(key)), []).append(stats[torch.as_tensor(mb_host == key)])
-        whole = torch.as_tensor(~cut, device=stats.device)
-        if bool(whole.any()):
-            _fold(self.state, *_finalize(stats[whole], mb[whole], self.spec))
+        whole = self.rows.whole(chunk.source, chunk.first_row, _row_stats(chunk, self.spec))
+        if whole is not None:
+            _fold(self.state, *_finalize(*whole, self.spec))
 
     def merge(self, other: SkyrlAccumulator) -> None:
         """Fold another shard of the same dump in."""
         self.state.merge(other.state)
-        for key, parts in other.edges.items():
-            self.edges.setdefault(key, []).extend(parts)
+        self.rows.merge(other.rows)
 
     def compute(self) -> Contribution:
         """The keys as SkyRL logs them for one mini-batch on one process."""
         state = Reducer(self.state.device)
         state.merge(self.state)
-        for (_, key), parts in sorted(self.edges.items()):
-            stats = torch.cat(parts)
-            ids, values = _finalize(stats, torch.full((stats.shape[0],), key, dtype=torch.int64,
-                                                      device=stats.device), self.spec)
-            _fold(state, ids, values)
+        for stats, mb in self.rows.joined():
+            _fold(state, *_finalize(stats, mb, self.spec))
         count = state.get("micro_batches")
         family: dict[str, float | None] = {}
         for key in self.keys:
