@@ -31,6 +31,19 @@ def verl_case_params() -> tuple[list[tuple[str, dict]], list[tuple[str, dict]], 
     return numeric, errors, [f"{s}:{c['name']}" for s, c in numeric], [f"{s}:{c['name']}" for s, c in errors]
 
 
+def decode(value):
+    """A case file's value: non-finite floats are stored as the strings "nan", "inf", "-inf" (nested lists too)."""
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    return float(value) if isinstance(value, str) else value
+
+
+def case_batch(case: dict, source: str = "case") -> Batch:
+    """The padded `old_log_prob`, `rollout_log_prob` and `response_mask` of a parity case as a Batch."""
+    return batch_from_padded(decode(case["old_log_prob"]), decode(case["rollout_log_prob"]), case["response_mask"],
+                             source=source)
+
+
 def batch_from_padded(old, rollout, mask, source: str = "case", steps=None) -> Batch:
     """Flatten padded [B, T] lists into a Batch whose rows keep every position."""
     old = np.asarray(old, dtype=np.float64)

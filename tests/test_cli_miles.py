@@ -10,17 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers import REFERENCE, close
+from helpers import decode as _decode
 from typer.testing import CliRunner
 
 from mismatch_cli.cli import app
 
 CASES = {c["name"]: c for c in json.loads((REFERENCE / "miles_parity_cases.json").read_text())["cases"]}
-
-
-def _decode(value):
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    return float(value) if isinstance(value, str) else value
 
 
 def _dump(case: dict, folder: Path) -> Path:

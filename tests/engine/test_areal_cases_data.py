@@ -16,6 +16,7 @@ import warnings
 import numpy as np
 import pytest
 from helpers import REFERENCE
+from helpers import decode as _decode
 
 DATA = json.loads((REFERENCE / "areal_parity_cases.json").read_text())
 CASES = DATA["cases"]
@@ -24,12 +25,6 @@ DEFAULTS = {"use_decoupled_loss": False, "rejection_sampling": None, "level": "t
             "metric": "ratio", "agg": "mean", "upper": 5.0, "lower": None}
 NUMPY_DTYPE = {"fp32": np.float32, "fp64": np.float64}
 P = "ppo_actor/update/"
-
-
-def _decode(value):
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    return float(value) if isinstance(value, str) else value
 
 
 def _keys(o, r, m, s) -> dict:

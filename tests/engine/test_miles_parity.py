@@ -14,7 +14,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import REFERENCE, batch_from_padded, close
+from helpers import REFERENCE, close
+from helpers import case_batch as _batch
 
 from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.chunk import make_chunk
@@ -41,16 +42,6 @@ def _float32_in_miles(key: str) -> bool:
 
 def _tolerance(key: str, dtype: str) -> tuple[float, float]:
     return FLAG_TOLERANCE if dtype == "float64" and _float32_in_miles(key) else TOLERANCE[dtype]
-
-
-def _decode(value):
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    return float(value) if isinstance(value, str) else value
-
-
-def _batch(case: dict):
-    return batch_from_padded(_decode(case["old_log_prob"]), _decode(case["rollout_log_prob"]), case["response_mask"])
 
 
 def _correction(case: dict, **extra):

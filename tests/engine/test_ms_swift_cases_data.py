@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 import pytest
 from helpers import REFERENCE
+from helpers import decode as _decode
 
 DATA = json.loads((REFERENCE / "ms_swift_parity_cases.json").read_text())
 CASES = DATA["cases"]
@@ -23,12 +24,6 @@ DEFAULTS = {"rollout_importance_sampling_mode": None, "rollout_importance_sampli
             "log_rollout_offpolicy_metrics": False, "per_device_train_batch_size": 1}
 NUMPY_DTYPE = {"fp32": np.float32, "fp64": np.float64}
 REL, ABS = 1e-5, 1e-6  # numpy's float32 exp and summation order may differ from torch's by a few ulps
-
-
-def _decode(value):
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    return float(value) if isinstance(value, str) else value
 
 
 def _micro_batch(o: np.ndarray, r: np.ndarray, m: np.ndarray, mode, c: float, dtype) -> dict:

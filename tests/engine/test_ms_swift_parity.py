@@ -13,7 +13,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import REFERENCE, batch_from_padded, close
+from helpers import REFERENCE, close
+from helpers import case_batch as _batch
 
 from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.chunk import make_chunk
@@ -29,16 +30,6 @@ TOLERANCE = {"float64": (1e-12, 1e-14), "float32": (1e-5, 1e-6)}
 LABEL = {"float64": "fp64", "float32": "fp32"}
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 PREFIX = "rollout_correction/"
-
-
-def _decode(value):
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    return float(value) if isinstance(value, str) else value
-
-
-def _batch(case: dict):
-    return batch_from_padded(_decode(case["old_log_prob"]), _decode(case["rollout_log_prob"]), case["response_mask"])
 
 
 def _correction(case: dict):

@@ -14,6 +14,7 @@ import math
 import numpy as np
 import pytest
 from helpers import REFERENCE
+from helpers import decode as _decode
 
 DATA = json.loads((REFERENCE / "nemo_rl_parity_cases.json").read_text())
 CASES = DATA["cases"]
@@ -27,12 +28,6 @@ KEYS = {"token_mult_prob_error", "gen_kl_error", "policy_kl_error", "js_divergen
         "sampling_importance_ratio"}
 NUMPY_DTYPE = {"fp32": np.float32, "fp64": np.float64}
 TOLERANCE = {"fp64": (1e-12, 1e-15), "fp32": (1e-5, 1e-7)}
-
-
-def _decode(value):
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    return float(value) if isinstance(value, str) else value
 
 
 def _agree(ours: float, theirs: float, rel: float, abs_: float) -> bool:

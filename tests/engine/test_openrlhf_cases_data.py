@@ -16,6 +16,7 @@ import warnings
 import numpy as np
 import pytest
 from helpers import REFERENCE
+from helpers import decode as _decode
 
 DATA = json.loads((REFERENCE / "openrlhf_parity_cases.json").read_text())
 CASES = DATA["cases"]
@@ -25,12 +26,6 @@ DEFAULTS = {"is_correction_level": "off", "is_correction_mode": "mask", "is_corr
             "is_correction_threshold": [0.5, 5.0], "policy_loss_type": "ppo", "micro_train_batch_size": 1}
 NUMPY_DTYPE = {"fp32": np.float32, "fp64": np.float64}
 REL, ABS = 1e-5, 1e-7  # numpy's float32 sums and exp may differ from torch's by a few ulp
-
-
-def _decode(value):
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    return float(value) if isinstance(value, str) else value
 
 
 def _micro_batch(o, r, m, s, low, high) -> tuple[float, float]:

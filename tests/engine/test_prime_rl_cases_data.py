@@ -14,6 +14,7 @@ import math
 import numpy as np
 import pytest
 from helpers import REFERENCE
+from helpers import decode as _decode
 
 DATA = json.loads((REFERENCE / "prime_rl_parity_cases.json").read_text())
 CASES = DATA["cases"]
@@ -22,12 +23,6 @@ ERRORS = [c for c in CASES if "error" in c["fp64"]]
 NUMPY_DTYPE = {"fp32": np.float32, "fp64": np.float64}
 TOLERANCE = {"fp64": (1e-12, 1e-15), "fp32": (1e-5, 1e-9)}  # numpy sums float32 in its own order
 SHARES = ("is_masked", "is_masked_low", "is_masked_high", "masked_advantage_positive", "masked_advantage_negative")
-
-
-def _decode(value):
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    return float(value) if isinstance(value, str) else value
 
 
 def _array(value, dtype) -> np.ndarray:

@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 import pytest
 from helpers import REFERENCE
+from helpers import decode as _decode
 
 DATA = json.loads((REFERENCE / "skyrl_parity_cases.json").read_text())
 CASES = DATA["cases"]
@@ -27,12 +28,6 @@ DEFAULTS = {"tis_ratio_type": None, "token_tis_ratio_clip_high": 2.0, "sequence_
             "micro_train_batch_size_per_gpu": 1}
 NUMPY_DTYPE = {"fp32": np.float32, "fp64": np.float64}
 REL, ABS = 1e-6, 1e-7  # numpy's float32 exp may differ from torch's by an ulp
-
-
-def _decode(value):
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    return float(value) if isinstance(value, str) else value
 
 
 def _safe_exp(x: np.ndarray) -> np.ndarray:

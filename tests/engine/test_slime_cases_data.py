@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 from helpers import REFERENCE
+from helpers import decode as _decode
 
 DATA = json.loads((REFERENCE / "slime_parity_cases.json").read_text())
 CASES = DATA["cases"]
@@ -26,12 +27,6 @@ MIS_DEFAULTS = {"use_tis": True, "use_rs": True, "tis_level": "token", "rs_level
 SLIME_DEFAULTS = {"use_tis": False, "tis_clip": 2.0, "tis_clip_low": 0, "custom_tis_function_path": None,
                   "get_mismatch_metrics": False, "use_rollout_logprobs": False, "calculate_per_token_loss": False}
 ICEPOP = "slime.backends.megatron_utils.loss.icepop_function"
-
-
-def _decode(value):
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    return float(value) if isinstance(value, str) else value
 
 
 def _rows(case: dict, dtype):

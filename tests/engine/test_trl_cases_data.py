@@ -14,6 +14,7 @@ import math
 import numpy as np
 import pytest
 from helpers import REFERENCE
+from helpers import decode as _decode
 
 DATA = json.loads((REFERENCE / "trl_parity_cases.json").read_text())
 CASES = DATA["cases"]
@@ -31,12 +32,6 @@ KEYS = {
 }
 NUMPY_DTYPE = {"fp32": np.float32, "fp64": np.float64}
 TOLERANCE = {"fp64": (1e-12, 1e-14), "fp32": (1e-5, 1e-6)}
-
-
-def _decode(value):
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    return float(value) if isinstance(value, str) else value
 
 
 def _array(value, dtype=np.float64) -> np.ndarray:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import REFERENCE, batch_from_padded, close
+from helpers import decode as _decode
 
 from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.chunk import make_chunk
@@ -29,12 +30,6 @@ ERRORS = [c for c in CASES if "error" in c["fp64"]]
 TOLERANCE = {"float64": (1e-12, 1e-14), "float32": (1e-5, 1e-7)}
 LABEL = {"float64": "fp64", "float32": "fp32"}
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
-
-
-def _decode(value):
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    return float(value) if isinstance(value, str) else value
 
 
 def _batch(case: dict):
