@@ -231,3 +231,13 @@ def test_a_trainer_whose_defaults_log_nothing_is_left_out_of_the_table_but_kept_
     lines = _invoke("replay", str(DUMP), "--trainers", "verl,skyrl,trl").stdout.splitlines()
     header = next(line for line in lines if line.startswith("concept"))
     assert "skyrl" not in header.split() and "trl" in header.split()
+
+
+def test_a_value_the_dump_cannot_give_reads_n_a_in_every_format(tmp_path: Path) -> None:
+    page = tmp_path / "replay.html"
+    result = _invoke("replay", str(DUMP), "--trainers", "verl,prime-rl", "--html", str(page))
+    assert result.exit_code == 0, result.output
+    masked = next(line for line in result.stdout.splitlines() if line.startswith("share masked"))
+    assert masked.split()[-1] == "n/a"  # prime-rl's is_masked/mean needs an advantages column the dump lacks
+    html = page.read_text()
+    assert ">n/a</td>" in html and ">null<" not in html

@@ -108,6 +108,8 @@ td .se { color: #777; font-size: 11px; }
 def _html_cell(cell: Cell) -> str:
     if cell.key is None:
         return f'<td title="not logged">{ABSENT}</td>'
+    if cell.value is None:
+        return f'<td title="{escape(cell.key)}: not computable from this dump (see the notes)">{UNDEFINED}</td>'
     se = f' <span class="se">± {escape(format_value(cell.se))}</span>' if cell.se is not None else ""
     css = ' class="disagrees"' if cell.disagrees else ""
     return f'<td{css} title="{escape(cell.key)}">{escape(format_value(cell.value))}{se}</td>'
