@@ -44,6 +44,19 @@ def case_batch(case: dict, source: str = "case") -> Batch:
                              source=source)
 
 
+def case_dump(case: dict, folder: Path) -> Path:
+    """A parity case's padded arrays written as a wide parquet dump (`folder/case.parquet`), for the CLI."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({name: pa.array(decode(case[key]), type=pa.list_(pa.float64())) for name, key in (
+        ("old_log_probs", "old_log_prob"), ("rollout_log_probs", "rollout_log_prob"),
+        ("response_mask", "response_mask"))})
+    path = folder / "case.parquet"
+    pq.write_table(table, path)
+    return path
+
+
 def batch_from_padded(old, rollout, mask, source: str = "case", steps=None) -> Batch:
     """Flatten padded [B, T] lists into a Batch whose rows keep every position."""
     old = np.asarray(old, dtype=np.float64)

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from helpers import REFERENCE, close
+from helpers import case_dump as _dump
 from typer.testing import CliRunner
 
 from mismatch_cli.cli import app
@@ -17,15 +16,6 @@ from mismatch_cli.cli import app
 CASES = {c["name"]: c for c in json.loads((REFERENCE / "nemo_rl_parity_cases.json").read_text())["cases"]}
 KEYS = ("token_mult_prob_error", "gen_kl_error", "policy_kl_error", "js_divergence_error",
         "sampling_importance_ratio", "is_oob_ratio")
-
-
-def _dump(case: dict, folder: Path) -> Path:
-    table = pa.table({name: pa.array(case[key], type=pa.list_(pa.float64())) for name, key in (
-        ("old_log_probs", "old_log_prob"), ("rollout_log_probs", "rollout_log_prob"),
-        ("response_mask", "response_mask"))})
-    path = folder / "case.parquet"
-    pq.write_table(table, path)
-    return path
 
 
 def _keys(output: str) -> dict:

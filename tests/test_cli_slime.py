@@ -6,24 +6,14 @@ import json
 import math
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from helpers import REFERENCE, close
+from helpers import case_dump as _dump
 from typer.testing import CliRunner
 
 from mismatch_cli.cli import app
 
 CASES = {c["name"]: c for c in json.loads((REFERENCE / "slime_parity_cases.json").read_text())["cases"]}
-
-
-def _dump(case: dict, folder: Path) -> Path:
-    table = pa.table({name: pa.array(case[key], type=pa.list_(pa.float64())) for name, key in (
-        ("old_log_probs", "old_log_prob"), ("rollout_log_probs", "rollout_log_prob"),
-        ("response_mask", "response_mask"))})
-    path = folder / "case.parquet"
-    pq.write_table(table, path)
-    return path
 
 
 def _text(value) -> str:
