@@ -38,7 +38,6 @@ import ast
 import dataclasses
 import functools
 import hashlib
-import json
 import math
 import re
 import sys
@@ -56,6 +55,10 @@ from threading import Lock
 import numpy as np
 import torch
 import torch.distributed as dist
+from casefile import encode as _encode
+from casefile import f32 as _f32
+from casefile import mask as _mask
+from casefile import write_cases
 
 ACTOR = "areal/trainer/ppo/actor.py"
 FUNCTIONAL = "areal/utils/functional/functional.py"
@@ -163,16 +166,6 @@ def _load(wheel: Path) -> tuple[dict, dict, dict]:
                           "wheel_sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}
 
 
-def _encode(value):
-    if isinstance(value, torch.Tensor):
-        value = value.tolist()
-    if isinstance(value, list):
-        return [_encode(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
-
-
 def _outputs(ns: dict, defaults: dict, settings: dict, old, rollout, mask, dtype) -> dict:
     values = {**defaults, **settings}
     sub = {k: values[k] for k in RS_FIELDS if k in settings}
@@ -208,15 +201,6 @@ def _outputs(ns: dict, defaults: dict, settings: dict, old, rollout, mask, dtype
     metrics = {k: _encode(float(v)) for k, v in sorted(exported.items())
                if k.startswith(PREFIX) and k[len(PREFIX):].startswith(KEPT) and not k.endswith("__count")}
     return {"metrics": metrics}
-
-
-def _f32(array) -> list:
-    """Inputs exactly representable in float32, so both dtypes see the same numbers."""
-    return np.asarray(array, dtype=np.float32).astype(np.float64).tolist()
-
-
-def _mask(lengths, width) -> list:
-    return [[1 if t < n else 0 for t in range(width)] for n in lengths]
 
 
 def _base(seed: int = 31, lengths=(8, 6, 3, 1, 7, 5), width: int = 8, scale: float = 0.4):
@@ -360,9 +344,7 @@ def main(wheel: str, out: str) -> None:
         "defaults": defaults,
         "cases": cases,
     }
-    text = json.dumps(document, indent=1, allow_nan=False)
-    text = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + re.sub(r",\s+", ", ", m[1]) + "]", text)
-    Path(out).write_text(text + "\n")
+    write_cases(document, out)
     print(f"{len(cases)} cases -> {out}")
 
 

@@ -40,8 +40,6 @@ import ast
 import hashlib
 import importlib
 import inspect
-import json
-import re
 import subprocess
 import sys
 import types
@@ -54,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
+from casefile import write_cases
 from slime_cases import _base, _edge_inputs, _encode  # noqa: E402  (the same inputs as slime's)
 
 COMMIT = "31f1ca961a94cb860cec3b2dea34ec332bfa8f76"
@@ -340,9 +339,7 @@ def main(git_dir: str, out: str) -> None:
         "defaults": {"miles": {k: ARGS[k] for k in FIELDS}, "miles-mis": mis_defaults},
         "cases": cases,
     }
-    text = json.dumps(document, indent=1, allow_nan=False)
-    text = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + re.sub(r",\s+", ", ", m[1]) + "]", text)
-    Path(out).write_text(text + "\n")
+    write_cases(document, out)
     print(f"{len(cases)} cases -> {out}")
 
 

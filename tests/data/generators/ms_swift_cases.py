@@ -43,8 +43,6 @@ import ast
 import contextlib
 import hashlib
 import io
-import json
-import math
 import re
 import sys
 import types
@@ -54,6 +52,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from casefile import encode as _encode
+from casefile import f32 as _f32
+from casefile import mask as _mask
+from casefile import write_cases
 
 TRAINER = "swift/rlhf_trainers/grpo_trainer.py"
 ARGS = "swift/rlhf_trainers/args_mixin.py"
@@ -106,16 +108,6 @@ def _load(wheel: Path) -> tuple[dict, dict, tuple, dict]:
         raise SystemExit(f"defaults not found: {defaults}")
     return namespace, defaults, choices, {"ms_swift_version": version, "methods": provenance,
                                           "wheel_sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}
-
-
-def _encode(value):
-    if isinstance(value, torch.Tensor):
-        value = value.tolist()
-    if isinstance(value, (list, tuple)):
-        return [_encode(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
 
 
 def _parse_mode(choices: tuple, mode) -> str | None:
@@ -178,15 +170,6 @@ def _outputs(swift: dict, defaults: dict, choices: tuple, settings: dict, old, r
     logged = dict(zip(per_micro, stacked.cpu().double().mean(1).tolist(), strict=True))
     return {"metrics": {k: _encode(float(v)) for k, v in logged.items()},
             "micro_batches": {k: _encode([float(x) for x in v]) for k, v in per_micro.items()}}
-
-
-def _f32(array) -> list:
-    """Inputs exactly representable in float32, so both dtypes see the same numbers."""
-    return np.asarray(array, dtype=np.float32).astype(np.float64).tolist()
-
-
-def _mask(lengths, width) -> list:
-    return [[1 if t < n else 0 for t in range(width)] for n in lengths]
 
 
 def _base(seed: int = 31, lengths=(8, 6, 3, 1, 7, 5), width: int = 8, scale: float = 0.3):
@@ -320,9 +303,7 @@ def main(wheel: str, out: str) -> None:
         "defaults": defaults,
         "cases": cases,
     }
-    text = json.dumps(document, indent=1, allow_nan=False)
-    text = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + re.sub(r",\s+", ", ", m[1]) + "]", text)
-    Path(out).write_text(text + "\n")
+    write_cases(document, out)
     print(f"{len(cases)} cases -> {out}")
 
 

@@ -30,18 +30,18 @@ from __future__ import annotations
 import ast
 import enum
 import hashlib
-import json
-import math
-import re
 import subprocess
 import sys
 import types
-from pathlib import Path
 from typing import Any, NotRequired, Optional, Protocol, TypedDict, TypeVar
 
 import numpy as np
 import pydantic
 import torch
+from casefile import encode as _encode
+from casefile import f32 as _f32
+from casefile import mask as _mask
+from casefile import write_cases
 from pydantic import BaseModel
 
 COMMIT = "7ea279abfbeb698b092856d0dab61e7cf39bc909"
@@ -130,25 +130,6 @@ def _outputs(settings: dict, old, rollout, mask, dtype) -> dict:
     num_global_batches = 1
     logged = {key: float(np.sum([metrics[key] / num_global_batches])) for key in KEYS if key in metrics}
     return {"metrics": {key: _encode(value) for key, value in logged.items()}}
-
-
-def _encode(value):
-    if isinstance(value, torch.Tensor):
-        value = value.tolist()
-    if isinstance(value, list):
-        return [_encode(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
-
-
-def _f32(array) -> list:
-    """Inputs exactly representable in float32, so both dtypes see the same numbers."""
-    return np.asarray(array, dtype=np.float32).astype(np.float64).tolist()
-
-
-def _mask(lengths, width) -> list:
-    return [[1 if t < n else 0 for t in range(width)] for n in lengths]
 
 
 def _base(seed: int = 29, lengths=(8, 6, 3, 1), width: int = 8, scale: float = 0.3):
@@ -323,9 +304,7 @@ def main(out: str) -> None:
         },
         "cases": cases,
     }
-    text = json.dumps(document, indent=1, allow_nan=False)
-    text = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + re.sub(r",\s+", ", ", m[1]) + "]", text)
-    Path(out).write_text(text + "\n")
+    write_cases(document, out)
     print(f"{len(cases)} cases -> {out}")
 
 

@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
-import math
 import re
 import sys
 import typing
@@ -44,6 +42,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812
+from casefile import encode as _encode
+from casefile import f32 as _f32
+from casefile import mask as _mask
+from casefile import write_cases
 from torch import nn
 
 ROOT = "openrlhf-0.11.2.data/purelib/"
@@ -93,16 +95,6 @@ def _load(wheel: Path) -> tuple[dict, dict, dict]:
         raise SystemExit(f"{CLI} lacks {set(ARGS.values()) - set(defaults)}: OpenRLHF changed")
     return namespace, defaults, {"openrlhf_version": version, "functions": provenance,
                                  "wheel_sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}
-
-
-def _encode(value):
-    if isinstance(value, torch.Tensor):
-        value = value.tolist()
-    if isinstance(value, (list, tuple)):
-        return [_encode(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
 
 
 def _all_reduce(value: float) -> float:
@@ -155,15 +147,6 @@ def _outputs(openrlhf: dict, defaults: dict, settings: dict, old, rollout, mask,
     out = {k: sum(s[k] * s["_num_action_tokens"] for s in status_list) / total for k in KEYS}
     return {"metrics": {"train/" + k: _encode(float(v)) for k, v in sorted(out.items())},
             "micro_batches": {"train/" + k: _encode(v) for k, v in sorted(per_micro_batch.items())}}
-
-
-def _f32(array) -> list:
-    """Inputs exactly representable in float32, so both dtypes see the same numbers."""
-    return np.asarray(array, dtype=np.float32).astype(np.float64).tolist()
-
-
-def _mask(lengths, width) -> list:
-    return [[1 if t < n else 0 for t in range(width)] for n in lengths]
 
 
 def _base(seed: int = 29, lengths=(8, 6, 3, 1, 7, 5), width: int = 8, scale: float = 0.3):
@@ -284,9 +267,7 @@ def main(wheel: str, out: str) -> None:
         "defaults": defaults,
         "cases": cases,
     }
-    text = json.dumps(document, indent=1, allow_nan=False)
-    text = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + re.sub(r",\s+", ", ", m[1]) + "]", text)
-    Path(out).write_text(text + "\n")
+    write_cases(document, out)
     print(f"{len(cases)} cases -> {out}")
 
 

@@ -41,23 +41,23 @@ import ast
 import collections
 import datetime
 import hashlib
-import json
-import math
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any, Literal, TypeAlias
 
 import numpy as np
 import pydantic
 import torch
 import torch.distributed as dist
+from casefile import encode as _encode
+from casefile import f32 as _f32
+from casefile import mask as _mask
+from casefile import write_cases
 from jaxtyping import Bool, Float, Int
 from pydantic import Field, ValidationError
 from pydantic_config import BaseConfig
@@ -168,16 +168,6 @@ def _step(ns: dict, config, old, rollout, advantages, mask) -> dict[str, float]:
     return {k: float(v) for k, v in sorted(stats.items())}
 
 
-def _encode(value):
-    if isinstance(value, torch.Tensor):
-        value = value.tolist()
-    if isinstance(value, list):
-        return [_encode(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
-
-
 def _outputs(ns: dict, case: dict, dtype) -> dict:
     try:
         config = _settings(ns, case["settings"])
@@ -190,15 +180,6 @@ def _outputs(ns: dict, case: dict, dtype) -> dict:
     mask = torch.tensor(case["response_mask"], dtype=torch.bool)
     metrics = _step(ns, config, old, rollout, advantages, mask)
     return {"metrics": {k: _encode(v) for k, v in metrics.items()}}
-
-
-def _f32(array) -> list:
-    """Inputs exactly representable in float32, so both dtypes see the same numbers."""
-    return np.asarray(array, dtype=np.float32).astype(np.float64).tolist()
-
-
-def _mask(lengths, width) -> list:
-    return [[1 if t < n else 0 for t in range(width)] for n in lengths]
 
 
 def _base(seed: int = 2478, lengths=(10, 7, 4, 1, 9), width: int = 10, scale: float = 0.5, high: float = -0.02):
@@ -339,9 +320,7 @@ def main(mirror: str, out: str) -> None:
         "defaults": {"default": _settings(ns, {}).model_dump(), "ipo": _settings(ns, {"type": "ipo"}).model_dump()},
         "cases": cases,
     }
-    text = json.dumps(document, indent=1, allow_nan=False)
-    text = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + re.sub(r",\s+", ", ", m[1]) + "]", text)
-    Path(out).write_text(text + "\n")
+    write_cases(document, out)
     print(f"{len(cases)} cases -> {out}")
 
 

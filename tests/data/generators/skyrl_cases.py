@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
 import math
 import re
 import sys
@@ -41,6 +40,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from casefile import encode as _encode
+from casefile import f32 as _f32
+from casefile import mask as _mask
+from casefile import write_cases
 
 UTILS = "skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py"
 TORCH_UTILS = "skyrl/backends/skyrl_train/utils/torch_utils.py"
@@ -94,16 +97,6 @@ def _load(wheel: Path) -> tuple[dict, dict, dict]:
                                  "wheel_sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}
 
 
-def _encode(value):
-    if isinstance(value, torch.Tensor):
-        value = value.tolist()
-    if isinstance(value, list):
-        return [_encode(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
-
-
 def _outputs(skyrl: dict, defaults: dict, settings: dict, old, rollout, mask, dtype) -> dict:
     values = {**defaults, **settings}
     size = values.pop(MICRO)
@@ -123,15 +116,6 @@ def _outputs(skyrl: dict, defaults: dict, settings: dict, old, rollout, mask, dt
     trainer = skyrl["reduce_metrics"]({k: [v] for k, v in per_worker.items()}, sum_loss_metrics=False)
     return {"metrics": {"policy/" + k: _encode(float(v)) for k, v in sorted(trainer.items())},
             "micro_batches": {k: _encode(list(map(float, v))) for k, v in sorted(worker.items())}}
-
-
-def _f32(array) -> list:
-    """Inputs exactly representable in float32, so both dtypes see the same numbers."""
-    return np.asarray(array, dtype=np.float32).astype(np.float64).tolist()
-
-
-def _mask(lengths, width) -> list:
-    return [[1 if t < n else 0 for t in range(width)] for n in lengths]
 
 
 def _base(seed: int = 29, lengths=(8, 6, 3, 1, 7, 5), width: int = 8, scale: float = 0.3):
@@ -266,9 +250,7 @@ def main(wheel: str, out: str) -> None:
         "defaults": defaults,
         "cases": cases,
     }
-    text = json.dumps(document, indent=1, allow_nan=False)
-    text = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + re.sub(r",\s+", ", ", m[1]) + "]", text)
-    Path(out).write_text(text + "\n")
+    write_cases(document, out)
     print(f"{len(cases)} cases -> {out}")
 
 

@@ -34,20 +34,20 @@ import ast
 import functools
 import hashlib
 import importlib
-import json
-import math
-import re
 import subprocess
 import sys
 import types
 from argparse import Namespace
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from casefile import encode as _encode
+from casefile import f32 as _f32
+from casefile import mask as _mask
+from casefile import write_cases
 
 COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
@@ -188,16 +188,6 @@ def _refusal(args: Namespace, arguments: str) -> str | None:
     return message
 
 
-def _encode(value):
-    if isinstance(value, torch.Tensor):
-        value = value.tolist()
-    if isinstance(value, list):
-        return [_encode(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
-
-
 def _outputs(slime: dict, family: str, settings: dict, old, rollout, mask, dtype, mis_defaults) -> dict:
     args = _args(family, settings, mis_defaults)
     refused = _refusal(args, slime["arguments"])
@@ -231,14 +221,6 @@ def _outputs(slime: dict, family: str, settings: dict, old, rollout, mask, dtype
         return {"error": type(error).__name__, "message": str(error)}
     skip = {"loss", "pg_loss", "entropy_loss", "pg_clipfrac", "ppo_kl"}  # the PPO loss's own keys
     return {"metrics": {f"train/{key}": _encode(float(value)) for key, value in reduced.items() if key not in skip}}
-
-
-def _f32(array) -> list:
-    return np.asarray(array, dtype=np.float32).astype(np.float64).tolist()
-
-
-def _mask(lengths, width) -> list:
-    return [[1 if t < n else 0 for t in range(width)] for n in lengths]
 
 
 def _base(seed: int = 23, lengths=(8, 6, 3, 1), width: int = 8, scale: float = 0.45):
@@ -374,9 +356,7 @@ def main(git_dir: str, out: str) -> None:
                      "slime-mis": mis_defaults},
         "cases": cases,
     }
-    text = json.dumps(document, indent=1, allow_nan=False)
-    text = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + re.sub(r",\s+", ", ", m[1]) + "]", text)
-    Path(out).write_text(text + "\n")
+    write_cases(document, out)
     print(f"{len(cases)} cases -> {out}")
 
 

@@ -28,7 +28,6 @@ import ast
 import hashlib
 import inspect
 import json
-import math
 import re
 import sys
 import types
@@ -40,6 +39,9 @@ import numpy as np
 import torch
 import trl
 import trl.trainer.grpo_trainer as grpo_module
+from casefile import encode as _encode
+from casefile import f32 as _f32
+from casefile import mask as _mask
 from trl import GRPOConfig
 
 GUARD = "self.use_vllm and self.vllm_importance_sampling_correction"
@@ -131,16 +133,6 @@ def _run_process(config: GRPOConfig, old, rollout, mask, gathered, rank) -> tupl
             "metrics": metrics}, trainer.accelerator
 
 
-def _encode(value):
-    if isinstance(value, torch.Tensor):
-        value = value.tolist()
-    if isinstance(value, list):
-        return [_encode(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
-
-
 def _outputs(settings: dict, old, rollout, mask, processes, dtype) -> dict:
     try:
         config = _config(settings)
@@ -165,15 +157,6 @@ def _outputs(settings: dict, old, rollout, mask, processes, dtype) -> dict:
         "log_ratio": _encode(log_ratio),
         "metrics": {key: _encode(float(value)) for key, value in metrics.items()},
     }
-
-
-def _f32(array) -> list:
-    """Inputs exactly representable in float32, so both dtypes see the same numbers."""
-    return np.asarray(array, dtype=np.float32).astype(np.float64).tolist()
-
-
-def _mask(lengths, width) -> list:
-    return [[1 if t < n else 0 for t in range(width)] for n in lengths]
 
 
 def _base(seed: int = 23, lengths=(8, 6, 3, 1), width: int = 8, scale: float = 0.45):
