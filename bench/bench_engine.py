@@ -6,7 +6,8 @@
 Makes a `mismatch synth` dump per turn count (kept in --workdir), reads it once into memory, then
 times `Analysis.update` + `finish` over those batches with the default and the full configuration,
 alternating, one torch thread (as `analyze` runs). Prints Mtok/s per run and the best of each.
-`--profile` prints cProfile's top functions of one full-configuration run instead. `--chunk-positions N` joins
+`--profile` prints cProfile's top functions of one full-configuration run instead (on CUDA: torch's
+profiler, with the kernels launched and the host waits per chunk). `--chunk-positions N` joins
 consecutive batches into chunks of up to N positions, as the GPU path does (default: the device's own
 setting). A benchmark, not a test.
 """
@@ -56,6 +57,27 @@ def once(batches: list, config: CorrectionConfig, device: str, chunk_positions: 
     return clock() - start
 
 
+def profile_cuda(batches: list, device: str, chunk_positions: int | None) -> None:
+    """torch's profiler over one full-configuration run: kernel launches and host waits per chunk, top host ops."""
+    from torch.profiler import ProfilerActivity, profile
+
+    positions = sum(b.num_positions for b in batches)
+    chunks = -(-positions // (chunk_positions or (1 << 22)))
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        seconds = once(batches, FULL, device, chunk_positions)
+    events = prof.key_averages()
+    kernels = sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    kernel_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    waits = {name: sum(e.count for e in events if e.key == name)
+             for name in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+                          "aten::_local_scalar_dense", "cudaMemcpyAsync", "cudaLaunchKernel")}
+    print(f"{seconds:.3f} s (profiled) for {positions / 1e6:.1f}M positions in about {chunks} chunks; "
+          f"{kernels} kernels ({kernels / chunks:.0f} per chunk), {kernel_us / 1e6:.3f} s of kernel time; "
+          + ", ".join(f"{k} {v} ({v / chunks:.1f}/chunk)" for k, v in waits.items()))
+    print(events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=50))
+    print(events.table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=50))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tokens", type=int, default=10_000_000)
@@ -73,6 +95,9 @@ def main() -> None:
         batches = load(path, args.tokens, turns)
         tokens = sum(int(b.response_mask.sum()) for b in batches)
         once(batches[:2], FULL, args.device)  # warm-up: lazy imports, work buffers
+        if args.profile and args.device.startswith("cuda"):
+            profile_cuda(batches, args.device, args.chunk_positions)
+            continue
         if args.profile:
             profile = cProfile.Profile()
             profile.enable()
