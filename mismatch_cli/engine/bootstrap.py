@@ -22,7 +22,7 @@ import torch
 from mismatch_cli.correction import SAFETY_BOUND
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.formulas import chi2, ess
-from mismatch_cli.engine.ops import count_in_segments
+from mismatch_cli.engine.ops import count_in_segments, numpy_kernels
 from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.state import F64
 
@@ -118,7 +118,7 @@ def poisson_weights(
 ) -> torch.Tensor:
     """Poisson(1) weights [count, replicates] (float64) of rows first_row.. of the file with this key."""
     device = device or torch.device("cpu")
-    if device.type == "cpu":
+    if numpy_kernels(device):
         uniforms = _uniforms_numpy(key, first_row, count, replicates)
         weights = np.zeros(uniforms.shape, dtype=np.uint8)
         for threshold in _THRESHOLDS:

@@ -14,7 +14,17 @@ import torch
 from mismatch_cli.batch import Batch
 from mismatch_cli.correction import SAFETY_BOUND
 from mismatch_cli.engine.formulas import chi2_seq_terms, chi2_token_terms
-from mismatch_cli.engine.ops import count, flag_indices, isfinite, segment_count, segment_max, segment_sum, take, total
+from mismatch_cli.engine.ops import (
+    count,
+    flag_indices,
+    isfinite,
+    numpy_kernels,
+    segment_count,
+    segment_max,
+    segment_sum,
+    take,
+    total,
+)
 from mismatch_cli.engine.segments import Layout, Runs
 from mismatch_cli.engine.state import F64
 
@@ -117,7 +127,7 @@ class Chunk:
         One pass serves the diagnostics' max |delta| and the signatures' worst token. On the CPU numpy's
         argmax is ~20x torch's; on a device it stays there (no host read).
         """
-        if self.abs_log_ratio.device.type == "cpu":
+        if numpy_kernels(self.abs_log_ratio):
             return torch.tensor([int(np.argmax(self.abs_log_ratio.numpy()))])
         return torch.argmax(self.abs_log_ratio).reshape(1)
 
@@ -317,7 +327,7 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype) -> Chunk:
     mask = _tensor(mask_np, device)
     positions = (old, rollout, mask)
     offsets = _tensor(batch.offsets.astype(np.int64, copy=False), device)
-    if device.type == "cpu":  # the same expressions, on numpy's faster CPU kernels
+    if numpy_kernels(device):  # the same expressions, on numpy's faster CPU kernels
         keep_np, flags_np = _quality_flags(batch.old_log_probs, batch.rollout_log_probs, mask_np)
         keep, flags = torch.from_numpy(keep_np), {c: torch.from_numpy(f) for c, f in flags_np.items()}
     else:

@@ -18,7 +18,7 @@ import torch
 from mismatch_cli.correction import SAFETY_BOUND
 from mismatch_cli.engine.chunk import MAX_CHUNK_POSITIONS, Chunk
 from mismatch_cli.engine.formulas import ess
-from mismatch_cli.engine.ops import count, segment_sum
+from mismatch_cli.engine.ops import count, numpy_kernels, segment_sum
 from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution, finite_or_none
 from mismatch_cli.engine.sketch import NUM_BUCKETS, SHIFT
 from mismatch_cli.engine.state import F64, Reducer
@@ -120,7 +120,7 @@ def signed_buckets(values: torch.Tensor) -> torch.Tensor:
 
 def _exp(values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """exp into a work buffer; on the CPU through numpy, markedly faster than torch on one thread."""
-    if values.device.type == "cpu":
+    if numpy_kernels(values):
         with np.errstate(over="ignore"):  # inf, as torch gives (and as verl's k3_kl does)
             np.exp(values.numpy(), out=out.numpy())
         return out
@@ -173,7 +173,11 @@ class PairSums:
         cov_xd = s.get("xd") - sum_x * sum_d / n
         var_d = s.get("dd") - sum_d * sum_d / n
         var_y = var_x - 2 * cov_xd + var_d
-        pearson = (var_x - cov_xd) / math.sqrt(var_x * var_y) if n > 1 and var_x > 0 and var_y > 0 else math.nan
+        # A variance from moment sums within rounding of the raw second moment is a constant's (verl's two-pass
+        # corrcoef gives NaN there): the residue's sign and size depend on summation order, CPU or GPU.
+        floor_x, floor_y = 1e-12 * s.get("xx"), 1e-12 * (s.get("xx") - 2 * s.get("xd") + s.get("dd"))
+        defined = n > 1 and var_x > floor_x and var_y > floor_y
+        pearson = (var_x - cov_xd) / math.sqrt(var_x * var_y) if defined else math.nan
         return {
             "prob_abs_diff_mean": sum_abs / n,
             "prob_abs_diff_max": s.get("max_abs_d"),
@@ -260,7 +264,7 @@ class DiagnosticsAccumulator(Accumulator):
         s.add("sum_log_ratio", chunk.total(log_ratio))
         n, dtype, device = chunk.num_tokens, log_ratio.dtype, log_ratio.device
         negative = scratch("flag", n, torch.bool, device)
-        if device.type == "cpu":  # numpy's comparison: ~6x torch's on one thread
+        if numpy_kernels(device):  # numpy's comparison: ~6x torch's on one thread
             np.less(log_ratio.numpy(), 0, out=negative.numpy())
         else:
             torch.lt(log_ratio, 0, out=negative)

@@ -25,7 +25,7 @@ import torch
 
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.diagnostics import scratch
-from mismatch_cli.engine.ops import total
+from mismatch_cli.engine.ops import numpy_kernels, total
 from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution, finite_or_none
 from mismatch_cli.engine.state import F64, Reducer
 from mismatch_cli.engine.worst_token import WorstTokens
@@ -114,7 +114,7 @@ class SignaturesAccumulator(Accumulator):
         s.add("ratio_excess", excess)
         s.add("ratio_excess_sq", excess.mul_(excess))
         self.tail_slopes += _tail_slopes(chunk.old, chunk.rollout)
-        if chunk.old.device.type == "cpu":
+        if numpy_kernels(chunk.old):
             self._host_sums(chunk)
         else:
             self._device_sums(chunk)
@@ -278,7 +278,7 @@ def values(table: dict[str, Any]) -> dict[str, float]:
 def _tail_slopes(old: torch.Tensor, rollout: torch.Tensor) -> torch.Tensor:
     """Histogram (float64, SLOPE_BINS) of rollout / old over the tokens with old < -TAIL_NATS."""
     scale = SLOPE_BINS / SLOPE_RANGE
-    if old.device.type == "cpu":  # numpy's index gather: ~4x torch's boolean mask on one thread
+    if numpy_kernels(old):  # numpy's index gather: ~4x torch's boolean mask on one thread
         o, r = old.numpy(), rollout.numpy()
         where = np.flatnonzero(o < -TAIL_NATS)
         ratio = np.divide(r[where], o[where])

@@ -24,7 +24,7 @@ from mismatch_cli.correction import SAFETY_BOUND, RsOption
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.diagnostics import scratch
 from mismatch_cli.engine.formulas import ess
-from mismatch_cli.engine.ops import padded_indices, total
+from mismatch_cli.engine.ops import numpy_kernels, padded_indices, total
 from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.rejection import OptionBounds, token_statistic
 from mismatch_cli.engine.state import F64
@@ -159,7 +159,7 @@ class WhatIfAccumulator(Accumulator):
             # In float64: a float32 sum would depend on the chunking.
             return total(rest).to(device), total(rest.square_()).to(device)
 
-        if device.type == "cpu":
+        if numpy_kernels(device):
             if bool(huge):
                 rest_r, rest_r_sq = direct()
         else:  # no host round trip: both ways, then pick
@@ -219,7 +219,7 @@ class WhatIfAccumulator(Accumulator):
             # Nothing clamped: sum_t (r - 1 - l) = sum_t r - n - S_i, summed in float64 (no token pass).
             safe_sum, k3_sum = log_sum, row_r - row_tokens - log_sum
             clamped = ((log_ratio_c.abs() > SAFETY_BOUND) & real).any()
-            if device.type != "cpu" or bool(clamped):
+            if not numpy_kernels(device) or bool(clamped):
                 # Some token is clamped at +-20: the clamped statistics as verl computes them (on a device,
                 # computed either way and picked without a host round trip).
                 direct_safe = chunk.row_sum(chunk.log_ratio_safe)

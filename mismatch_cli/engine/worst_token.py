@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.ops import numpy_kernels
 from mismatch_cli.engine.state import F64
 
 PENDING = 16  # chunks' candidates kept before one host read resolves them
@@ -32,7 +33,7 @@ class WorstTokens:
 
     def update(self, chunk: Chunk) -> None:
         """Keep the chunk's two candidates (device scalars) and what places them; resolve every PENDING chunks."""
-        values = self._host_picks(chunk) if chunk.log_ratio.device.type == "cpu" else self._device_picks(chunk)
+        values = self._host_picks(chunk) if numpy_kernels(chunk.log_ratio) else self._device_picks(chunk)
         # Only the host arrays that place a token (no per-token tensor is kept alive).
         layout = chunk.layout
         meta = {"file": chunk.source, "first_row": chunk.first_row, "offsets": chunk.offsets,
