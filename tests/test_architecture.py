@@ -216,3 +216,59 @@ def test_the_root_holds_the_public_api_and_the_packages() -> None:
     modules = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
     assert modules == ["api", "batch", "convert", "distributed", "dump", "errors", "replay", "report", "version"], \
         modules
+
+
+def _reader_modules() -> list[str]:
+    from mismatch_cli.io import _READER_NAMES
+
+    modules = {f"mismatch_cli.io.{module}" for module, _ in _READER_NAMES.values()}
+    return sorted(modules | {"mismatch_cli.io.jsonl"})  # the JSONL flavours' shared decoder
+
+
+def test_readers_decode_and_one_validator_builds_every_batch() -> None:
+    # A reader only decodes its format into validate.Decoded: it builds no Batch and runs no value check;
+    # io/__init__'s read path alone passes every chunk through validate.to_batch.
+    graph = import_graph()
+    readers = _reader_modules()
+    assert not [m for m in readers if "mismatch_cli.batch" in graph[m]], "a reader imports the Batch"
+    imported: dict[str, set[str]] = {}
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("validate"):
+                imported.setdefault(module, set()).update(alias.name for alias in node.names)
+    for module in readers:
+        assert imported.get(module, set()) <= {"Column", "Decoded", "PerRow"}, (module, imported.get(module))
+    assert {m for m, names in imported.items() if "to_batch" in names} == {"mismatch_cli.io"}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_read_path_passes_each_chunk_through_the_validator_once(monkeypatch: pytest.MonkeyPatch,
+                                                                       workers: int) -> None:
+    # Serial, read-ahead and Ray's work items: each format's decoder is visited once per file and every
+    # chunk it yields is validated exactly once on its way to a Batch.
+    import numpy as np
+
+    import mismatch_cli.io as io
+    from mismatch_cli.io import validate
+    from mismatch_cli.io.parallel import WorkItem
+
+    checked: list[str] = []
+    decoded: list[str] = []
+
+    def count(chunk: validate.Decoded):
+        checked.append(chunk.source)
+        return validate.to_batch(chunk)
+
+    def decoder(path: str, options: object, *rest: object):
+        decoded.append(path)
+        column = validate.Column(np.array([-0.5, -1.0]), np.array([0, 2]), "lp")
+        yield validate.Decoded(path, 0, column, column)
+
+    monkeypatch.setattr(io, "to_batch", count)
+    for module, function in io._READER_NAMES.values():
+        monkeypatch.setattr(f"mismatch_cli.io.{module}.{function}", decoder)
+    files = [io.InputFile(f"missing-{name}", name, 1) for name in io.READERS]
+    batches = list(io.iter_batches(files, io.ReadOptions(), workers=workers))
+    assert [b.source for b in batches] == checked == decoded == [f.path for f in files]
+    checked.clear()
+    assert [b.source for b in io.read_work_item(WorkItem("missing-x", "slime"), io.ReadOptions())] == checked

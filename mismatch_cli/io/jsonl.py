@@ -17,25 +17,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from ..batch import Batch
 from ..errors import InputError
-from ._common import (
-    advantages_per_position,
-    check_file,
-    check_lengths,
-    group_labels,
-    int64_scalar,
-    int64_values,
-    log_prob_pair,
-    mask_to_bool,
-    missing_group,
-    reason,
-    row_at,
-)
+from ._common import check_file, missing_group, reason
 from .aliases import ADVANTAGE_ALIASES, resolve_roles
 from .arrays import to_numpy
 from .detect import first_record
 from .options import ReadOptions
+from .validate import Column, Decoded, PerRow
 
 _MIN_BLOCK = 4 << 20
 _SCAN_BLOCK = 16 << 20
@@ -138,6 +126,7 @@ class _Array:
     values: np.ndarray
     lengths: np.ndarray  # int64 per row (0 for a null row)
     null_rows: np.ndarray  # bool per row
+    nulls: np.ndarray | None = None  # bool per value of a mask holding nulls (the validator refuses them)
 
 
 def _array(column: pa.Array, field: _Field, role: str, source: str, first_row: int) -> _Array:
@@ -152,17 +141,8 @@ def _array(column: pa.Array, field: _Field, role: str, source: str, first_row: i
                 f"expected a response_mask array, got null in {source} row {first_row + row} field {field.name!r}",
                 hint="every record needs its mask (1 = trained-on token)",
             )
-        if flat.null_count:
-            position = int(np.argmax(to_numpy(flat.is_null())))
-            offsets = np.concatenate([[0], np.cumsum(lengths)])
-            row = row_at(offsets, position)
-            raise InputError(
-                f"expected response_mask values 0 or 1, got null in {source} row {first_row + row} field "
-                f"{field.name!r} (token {position - int(offsets[row])})",
-                hint="write the mask as 0/1 or true/false on every token",
-            )
-    values = to_numpy(flat)
-    return _Array(values, lengths, null_rows)
+    nulls = to_numpy(flat.is_null()) if role == "response_mask" and flat.null_count else None
+    return _Array(to_numpy(flat), lengths, null_rows, nulls)
 
 
 def _fill_null_rows(array: _Array, target: np.ndarray) -> _Array:
@@ -196,8 +176,8 @@ def _rechunk(record_batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa
         yield from pa.Table.from_batches(pending).combine_chunks().to_batches()
 
 
-def read_records(path: str, options: ReadOptions, flavor: Flavor) -> Iterator[Batch]:
-    """Stream a JSONL dump of one record per sequence as Batches of at most `chunk_rows` rows."""
+def decode_records(path: str, options: ReadOptions, flavor: Flavor) -> Iterator[Decoded]:
+    """Stream a JSONL dump of one record per sequence as decoded chunks of at most `chunk_rows` rows."""
     check_file(path)
     record = first_record(path)
     if record is None:
@@ -234,7 +214,7 @@ def read_records(path: str, options: ReadOptions, flavor: Flavor) -> Iterator[Ba
         block = max(_MIN_BLOCK, 4 * (longest_line(path) + 2))
         reader = pj.open_json(path, read_options=pj.ReadOptions(block_size=block), parse_options=parse)
         for part in _rechunk(reader, options.chunk_rows):
-            yield _to_batch(part, names, fields, step_name, id_name, row_mask, groups, flavor, path, first_row,
+            yield _decode(part, names, fields, step_name, id_name, row_mask, groups, flavor, path, first_row,
                             advantage)
             first_row += part.num_rows
     except (pa.ArrowInvalid, OSError) as exc:
@@ -244,7 +224,7 @@ def read_records(path: str, options: ReadOptions, flavor: Flavor) -> Iterator[Ba
         ) from exc
 
 
-def _to_batch(
+def _decode(
     part: pa.RecordBatch,
     names: dict[str, str],
     fields: dict[str, _Field],
@@ -256,7 +236,7 @@ def _to_batch(
     source: str,
     first_row: int,
     advantage: str | None = None,
-) -> Batch:
+) -> Decoded:
     arrays = {role: _array(part.column(name), fields[name], role, source, first_row) for role, name in names.items()}
     if "response_mask" in arrays:
         target = arrays["response_mask"].lengths
@@ -266,52 +246,43 @@ def _to_batch(
     for role in ("old_log_probs", "rollout_log_probs"):
         if arrays[role].null_rows.any():
             arrays[role] = _fill_null_rows(arrays[role], target)
-    offsets = {role: np.concatenate([[0], np.cumsum(a.lengths)]).astype(np.int64) for role, a in arrays.items()}
-    check_lengths(offsets, names, source, first_row, noun="field")
-    row_offsets = offsets["old_log_probs"]
-    log_probs = {role: arrays[role].values for role in ("old_log_probs", "rollout_log_probs")}
-    old_values, rollout_values = log_prob_pair(log_probs, row_offsets, names, source, first_row, "field")
-    if "response_mask" in arrays:
-        mask = mask_to_bool(arrays["response_mask"].values, row_offsets, first_row, source, names["response_mask"],
-                            "field")
-    else:
-        mask = np.ones(len(old_values), dtype=np.bool_)
+    roles = {role: Column(a.values, _offsets(a.lengths), names[role], a.nulls) for role, a in arrays.items()}
+    keep = None
     if row_mask is not None:
         keep = _row_keep(_unwrap(part.column(row_mask), fields[row_mask], source, first_row))
-        mask = mask & np.repeat(keep, np.diff(row_offsets))
     if step_name is not None:
-        steps = _steps(_unwrap(part.column(step_name), fields[step_name], source, first_row), step_name, source,
-                       first_row)
+        steps: PerRow | None = _steps(_unwrap(part.column(step_name), fields[step_name], source, first_row),
+                                      step_name, source, first_row)
     elif flavor.step_from_path is not None:
-        steps = np.full(part.num_rows, int64_scalar(flavor.step_from_path, "step", f"the name of {source}"),
-                        dtype=np.int64)
+        steps = PerRow(flavor.step_from_path, f"the name of {source}")
     else:
         steps = None
-    ids = _scalars(part.column(id_name), fields[id_name], source, first_row) if id_name else None
     advantages = None
     if advantage is not None:
         field = fields[advantage]
         if field.kind == "array":
             found = _array(part.column(advantage), field, "advantages", source, first_row)
-            token_offsets = np.concatenate([[0], np.cumsum(found.lengths)]).astype(np.int64)
-            advantages = advantages_per_position(found.values, token_offsets, row_offsets, advantage, source,
-                                                 first_row, "field")
+            advantages = Column(found.values, _offsets(found.lengths), advantage)
         else:
-            advantages = advantages_per_position(_scalars(part.column(advantage), field, source, first_row), None,
-                                                 row_offsets, advantage, source, first_row, "field")
-    return Batch(
-        old_log_probs=old_values,
-        rollout_log_probs=rollout_values,
-        response_mask=mask,
-        offsets=row_offsets,
+            advantages = Column(_scalars(part.column(advantage), field, source, first_row), None, advantage)
+    return Decoded(
         source=source,
         first_row=first_row,
+        old_log_probs=roles["old_log_probs"],
+        rollout_log_probs=roles["rollout_log_probs"],
+        response_mask=roles.get("response_mask"),
+        noun="field",
+        row_keep=keep,
         steps=steps,
-        sequence_ids=ids,
-        groups={g: group_labels(_scalars(part.column(g), fields[g], source, first_row), f"{source} field {g!r}",
-                                first_row) for g in groups},
+        sequence_ids=_scalars(part.column(id_name), fields[id_name], source, first_row) if id_name else None,
+        groups={g: PerRow(_scalars(part.column(g), fields[g], source, first_row), f"{source} field {g!r}")
+                for g in groups},
         advantages=advantages,
     )
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
 
 
 def _row_keep(column: pa.Array) -> np.ndarray:
@@ -323,7 +294,7 @@ def _row_keep(column: pa.Array) -> np.ndarray:
     return np.ones(len(column), dtype=bool)
 
 
-def _steps(column: pa.Array, name: str, source: str, first_row: int) -> np.ndarray:
+def _steps(column: pa.Array, name: str, source: str, first_row: int) -> PerRow:
     if column.null_count or not pa.types.is_integer(column.type):
         bad = to_numpy(column.is_null()) if column.null_count else np.ones(len(column), bool)
         row = int(np.argmax(bad))
@@ -331,4 +302,4 @@ def _steps(column: pa.Array, name: str, source: str, first_row: int) -> np.ndarr
             f"expected an integer step, got {column[row].as_py()!r} in {source} row {first_row + row} field {name!r}",
             hint="every record needs an integer step, or drop the field to take the step from the file name",
         )
-    return int64_values(to_numpy(column), "step", f"{source} field {name!r}", first_row)
+    return PerRow(to_numpy(column), f"{source} field {name!r}", "step")

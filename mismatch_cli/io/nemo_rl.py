@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..batch import Batch
 from .detect import step_from_name
-from .jsonl import Flavor, read_records
+from .jsonl import Flavor, decode_records
 from .options import ReadOptions
+from .validate import Decoded
 
 
-def read_nemo_rl(path: str, options: ReadOptions) -> Iterator[Batch]:
-    """Stream a NeMo-RL train-data JSONL file as Batches."""
+def decode_nemo_rl(path: str, options: ReadOptions) -> Iterator[Decoded]:
+    """Stream a NeMo-RL train-data JSONL file as decoded chunks."""
     flavor = Flavor(
         name="nemo-rl",
         id_fields=("idx",),
@@ -29,4 +29,4 @@ def read_nemo_rl(path: str, options: ReadOptions) -> Iterator[Batch]:
         parse_hint="check that the file is a complete train_data_step{N}.jsonl written by NeMo-RL "
         "(one JSON object per line)",
     )
-    yield from read_records(path, options, flavor)
+    yield from decode_records(path, options, flavor)

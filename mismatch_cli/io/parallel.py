@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from mismatch_cli.batch import Batch
 from mismatch_cli.io.discover import sha256_file
 from mismatch_cli.io.options import ReadOptions
-from mismatch_cli.io.parquet import read_parquet, row_group_count
+from mismatch_cli.io.parquet import row_group_count
 
 ROW_GROUPS_PER_ITEM = 2
 _DONE = object()
@@ -53,9 +53,13 @@ def plan(files: Sequence, row_groups_per_item: int = ROW_GROUPS_PER_ITEM) -> lis
 
 
 def iter_batches_parallel(files: Sequence, options: ReadOptions,
-                          read_file: Callable[[str, str, ReadOptions], Iterator[Batch]],
+                          read_file: Callable[..., Iterator[Batch]],
                           workers: int = 2, depth: int = 4) -> Iterator[Batch]:
-    """Every input's Batches in input order, read ahead by `workers` threads."""
+    """Every input's Batches in input order, read ahead by `workers` threads.
+
+    `read_file(path, format, options[, row_groups])` is the package's read path (decoder, then validator), so
+    every Batch handed over here is checked; a parquet item's row groups are passed as a fourth argument.
+    """
     items = plan(files)
     stop = threading.Event()
 
@@ -71,8 +75,8 @@ def iter_batches_parallel(files: Sequence, options: ReadOptions,
 
     def fill(item: WorkItem, out: queue.Queue) -> None:
         try:
-            source = (read_parquet(item.path, options, item.row_groups) if item.row_groups is not None
-                      else read_file(item.path, item.format, options))
+            source = (read_file(item.path, item.format, options) if item.row_groups is None
+                      else read_file(item.path, item.format, options, item.row_groups))
             try:
                 for batch in source:
                     if not hand_over(out, batch):

@@ -8,24 +8,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..batch import Batch
 from ..errors import InputError
-from ._common import (
-    advantages_per_position,
-    check_file,
-    check_lengths,
-    group_labels,
-    int64_values,
-    log_prob_pair,
-    mask_to_bool,
-    missing_group,
-    reason,
-    row_at,
-)
+from ._common import check_file, missing_group, reason
 from .aliases import ADVANTAGE_ALIASES, PROCESS_COLUMN, resolve_roles
 from .arrays import to_numpy
 from .options import ReadOptions
 from .remote import is_remote, open_remote, store_error
+from .validate import Column, Decoded, PerRow
 
 _READ_HINT = "check that the file is a complete parquet file (re-export it if it was truncated or half-written)"
 _CHECKSUM_HINT = ("the file changed after it was written (a bad copy, disk or transfer): copy it again from its "
@@ -62,13 +51,13 @@ def _check_role_type(field: pa.Field, role: str, source: str) -> None:
     )
 
 
-def _process_index(column: pa.Array, name: str, source: str, first_row: int) -> np.ndarray:
-    """The per-row process rank; a null names its row."""
+def _process_index(column: pa.Array, name: str, source: str, first_row: int) -> PerRow:
+    """The per-row process rank as read; a null names its row."""
     if column.null_count:
         row = int(np.argmax(to_numpy(column.is_null())))
         raise InputError(f"expected a {name} on every row, got null in {source} row {first_row + row} column {name!r}",
                          hint=f"write the rank that held each row, or drop the {name} column")
-    return int64_values(to_numpy(column), name, f"{source} column {name!r}", first_row)
+    return PerRow(to_numpy(column), f"{source} column {name!r}", name)
 
 
 def _check_advantage_type(field: pa.Field, source: str) -> None:
@@ -79,11 +68,10 @@ def _check_advantage_type(field: pa.Field, source: str) -> None:
                          hint="store advantages as a float list per row or a float per row, or rename the column")
 
 
-def _flatten(arr: pa.Array, role: str, name: str, source: str,
-             first_row: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _flatten(arr: pa.Array, role: str, name: str, source: str, first_row: int) -> Column:
     """Flat values, chunk-relative int64 offsets and null positions (None: none) of a list array, no loop over rows.
 
-    A null log-prob becomes NaN here; `_refuse_valid_nulls` then refuses it only on a valid token, since
+    A null value becomes NaN (None in a bool mask) here; the validator refuses it on a valid token, since
     padding (mask 0) may hold anything.
     """
     if arr.null_count:
@@ -99,37 +87,21 @@ def _flatten(arr: pa.Array, role: str, name: str, source: str,
         raw = to_numpy(arr.offsets)
         offsets = raw.astype(np.int64) - int(raw[0])
     nulls = to_numpy(flat.is_null()) if flat.null_count else None
-    if nulls is not None and role == "response_mask":
-        _refuse_valid_nulls(nulls, None, offsets, role, name, source, first_row)
-    return to_numpy(flat), offsets, nulls
+    return Column(to_numpy(flat), offsets, name, nulls)
 
 
-def _refuse_valid_nulls(nulls: np.ndarray, mask: np.ndarray | None, offsets: np.ndarray, role: str, name: str,
-                        source: str, first_row: int) -> None:
-    """InputError for the first null on a valid token (mask 1, or anywhere without a mask)."""
-    bad = nulls if mask is None else nulls & mask
-    if bad.any():
-        position = int(np.argmax(bad))
-        row = row_at(offsets, position)
-        raise InputError(
-            f"expected {role} values, got null in {source} row {first_row + row} column {name!r} "
-            f"(token {position - int(offsets[row])})" + (" where the mask is 1" if mask is not None else ""),
-            hint="fill missing values on trained-on tokens before dumping (padding, mask 0, may hold nulls)",
-        )
-
-
-def _steps(arr: pa.Array, name: str, source: str, first_row: int) -> np.ndarray:
+def _steps(arr: pa.Array, name: str, source: str, first_row: int) -> PerRow:
     if arr.null_count:
         row = int(np.argmax(to_numpy(arr.is_null())))
         raise InputError(
             f"expected an integer step, got null in {source} row {first_row + row} column {name!r}",
             hint="fill the step column, or drop it",
         )
-    return int64_values(to_numpy(arr), "step", f"{source} column {name!r}", first_row)
+    return PerRow(to_numpy(arr), f"{source} column {name!r}", "step")
 
 
-def read_parquet(path: str, options: ReadOptions, row_groups: Sequence[int] | None = None) -> Iterator[Batch]:
-    """Stream a wide parquet file (or some of its row groups) as Batches, reading only the needed columns."""
+def decode_parquet(path: str, options: ReadOptions, row_groups: Sequence[int] | None = None) -> Iterator[Decoded]:
+    """Stream a wide parquet file (or some of its row groups) as decoded chunks, reading only the needed columns."""
     source = _source(path)
     try:
         # Pages written with a CRC (ours are) are verified, so a flipped bit is refused, not read as data;
@@ -175,7 +147,7 @@ def row_group_count(path: str) -> int:
 
 
 def _read_open(handle: pq.ParquetFile, path: str, options: ReadOptions,
-               row_groups: Sequence[int] | None = None) -> Iterator[Batch]:
+               row_groups: Sequence[int] | None = None) -> Iterator[Decoded]:
     schema = handle.schema_arrow
     available = schema.names
     roles = resolve_roles(available, options, path)
@@ -233,7 +205,7 @@ def _read_open(handle: pq.ParquetFile, path: str, options: ReadOptions,
             for record_batch in handle.iter_batches(batch_size=options.chunk_rows, columns=needed, row_groups=[group]):
                 if record_batch.num_rows == 0:
                     continue
-                yield _to_batch(record_batch, names, step_name, id_name, groups, path, first_row, advantage_name,
+                yield _decode(record_batch, names, step_name, id_name, groups, path, first_row, advantage_name,
                                 process_name)
                 first_row += record_batch.num_rows
     except (pa.ArrowException, OSError) as exc:
@@ -249,7 +221,7 @@ def _refuse_duplicates(available: list[str], wanted: list[str], path: str) -> No
                              hint="rename or drop the extra column so each name is unique, then re-run")
 
 
-def _to_batch(
+def _decode(
     record_batch: pa.RecordBatch,
     names: dict[str, str],
     step_name: str | None,
@@ -259,45 +231,24 @@ def _to_batch(
     first_row: int,
     advantage_name: str | None = None,
     process_name: str | None = None,
-) -> Batch:
-    values: dict[str, np.ndarray] = {}
-    offsets: dict[str, np.ndarray] = {}
-    nulls: dict[str, np.ndarray | None] = {}
-    for role, name in names.items():
-        values[role], offsets[role], nulls[role] = _flatten(record_batch.column(name), role, name, source, first_row)
-    check_lengths(offsets, names, source, first_row)
-    row_offsets = offsets["old_log_probs"]
-    if "response_mask" in values:
-        mask = mask_to_bool(values["response_mask"], row_offsets, first_row, source, names["response_mask"])
-    else:
-        mask = None
-    for role in ("old_log_probs", "rollout_log_probs"):
-        if nulls[role] is not None:
-            _refuse_valid_nulls(nulls[role], mask, row_offsets, role, names[role], source, first_row)
-    old, rollout = log_prob_pair(values, row_offsets, names, source, first_row)
-    if mask is None:
-        mask = np.ones(len(old), dtype=np.bool_)
-    steps = _steps(record_batch.column(step_name), step_name, source, first_row) if step_name else None
-    ids = to_numpy(record_batch.column(id_name)) if id_name else None
+) -> Decoded:
+    roles = {role: _flatten(record_batch.column(name), role, name, source, first_row) for role, name in names.items()}
     advantages = None
     if advantage_name is not None:
         column = record_batch.column(advantage_name)
         if _is_list(column.type):
-            flat, token_offsets, _ = _flatten(column, "advantages", advantage_name, source, first_row)
-            advantages = advantages_per_position(flat, token_offsets, row_offsets, advantage_name, source, first_row)
+            advantages = _flatten(column, "advantages", advantage_name, source, first_row)
         else:
-            advantages = advantages_per_position(to_numpy(column.cast(pa.float64())), None, row_offsets,
-                                                 advantage_name, source, first_row)
-    return Batch(
-        old_log_probs=old,
-        rollout_log_probs=rollout,
-        response_mask=mask,
-        offsets=row_offsets,
+            advantages = Column(to_numpy(column.cast(pa.float64())), None, advantage_name)
+    return Decoded(
         source=source,
         first_row=first_row,
-        steps=steps,
-        sequence_ids=ids,
-        groups={name: _group_values(record_batch.column(name), f"{source} column {name!r}", first_row)
+        old_log_probs=roles["old_log_probs"],
+        rollout_log_probs=roles["rollout_log_probs"],
+        response_mask=roles.get("response_mask"),
+        steps=_steps(record_batch.column(step_name), step_name, source, first_row) if step_name else None,
+        sequence_ids=to_numpy(record_batch.column(id_name)) if id_name else None,
+        groups={name: PerRow(_group_values(record_batch.column(name)), f"{source} column {name!r}")
                 for name in groups},
         advantages=advantages,
         process_index=_process_index(record_batch.column(process_name), process_name, source, first_row)
@@ -321,9 +272,9 @@ def _check_group_type(field: pa.Field, source: str) -> None:
     )
 
 
-def _group_values(arr: pa.Array, where: str, first_row: int) -> np.ndarray:
+def _group_values(arr: pa.Array) -> np.ndarray:
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
     if arr.null_count and not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
         arr = arr.cast(pa.string())  # keeps nulls as None instead of NaN
-    return group_labels(to_numpy(arr), where, first_row)
+    return to_numpy(arr)

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..batch import Batch
 from .detect import prime_notes, step_from_name
-from .jsonl import Flavor, read_records
+from .jsonl import Flavor, decode_records
 from .options import ReadOptions
+from .validate import Decoded
 
 
-def read_prime_rl(path: str, options: ReadOptions) -> Iterator[Batch]:
-    """Stream a prime-rl token-export rank file as Batches."""
+def decode_prime_rl(path: str, options: ReadOptions) -> Iterator[Decoded]:
+    """Stream a prime-rl token-export rank file as decoded chunks."""
     hint = "check that the file is a complete rank_{R}.jsonl written by prime-rl (one JSON object per line)"
     if prime_notes(path):
         hint = ("its step folder has no STABLE marker, so prime-rl may still be writing it: wait for STABLE, "
@@ -30,4 +30,4 @@ def read_prime_rl(path: str, options: ReadOptions) -> Iterator[Batch]:
         step_from_path=step_from_name(path),
         parse_hint=hint,
     )
-    yield from read_records(path, options, flavor)
+    yield from decode_records(path, options, flavor)

@@ -13,21 +13,12 @@ from typing import Any, BinaryIO
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from ..batch import Batch
 from ..errors import InputError
-from ._common import (
-    check_file,
-    group_labels,
-    int64_scalar,
-    int64_values,
-    log_prob_pair,
-    mask_to_bool,
-    missing_group,
-    reason,
-)
+from ._common import check_file, missing_group, reason
 from .aliases import resolve_roles
 from .options import ReadOptions
 from .remote import is_remote, open_remote, store_error
+from .validate import Column, Decoded, PerRow
 
 _READ_HINT = "check that the file is a complete safetensors file (re-save it if it was truncated)"
 _FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
@@ -243,8 +234,8 @@ def _cu_seqlens_problem(cu: np.ndarray, total: int) -> str | None:
     return None
 
 
-def read_safetensors(path: str, options: ReadOptions) -> Iterator[Batch]:
-    """Stream a padded or packed safetensors dump as Batches of at most `options.chunk_rows` rows."""
+def decode_safetensors(path: str, options: ReadOptions) -> Iterator[Decoded]:
+    """Stream a padded or packed safetensors dump as decoded chunks of at most `options.chunk_rows` rows."""
     if not is_remote(path):
         check_file(path)
     tensors, metadata = _read_header(path)
@@ -280,8 +271,8 @@ def read_safetensors(path: str, options: ReadOptions) -> Iterator[Batch]:
 
 
 def _stream(reader: _Reader, tensors: dict[str, _Tensor], metadata: dict[str, str], names: dict[str, str],
-            role_tensors: dict[str, _Tensor], options: ReadOptions, path: str) -> Iterator[Batch]:
-    """The Batches of an opened dump, `options.chunk_rows` rows at a time."""
+            role_tensors: dict[str, _Tensor], options: ReadOptions, path: str) -> Iterator[Decoded]:
+    """The decoded chunks of an opened dump, `options.chunk_rows` rows at a time."""
     reference = role_tensors["old_log_probs"]
     shape = reference.shape
     packed_1xn = len(shape) == 2 and shape[0] == 1 and ("cu_seqlens" in tensors or "num_tokens" in tensors)
@@ -322,22 +313,25 @@ def _stream(reader: _Reader, tensors: dict[str, _Tensor], metadata: dict[str, st
             values = {role: reader.tokens(t, lo, hi) for role, t in role_tensors.items()}
         else:
             values = {role: reader.rows(t, a, b) for role, t in role_tensors.items()}
-        old, rollout = log_prob_pair(values, offsets, names, path, a, "tensor")
-        if "response_mask" in values:
-            mask = mask_to_bool(values["response_mask"], offsets, a, path, names["response_mask"], "tensor")
-        else:
-            mask = np.ones(len(old), dtype=np.bool_)
-        yield Batch(
-            old_log_probs=old,
-            rollout_log_probs=rollout,
-            response_mask=mask,
-            offsets=offsets,
+        roles = {role: Column(v, offsets, names[role]) for role, v in values.items()}
+        yield Decoded(
             source=path,
             first_row=a,
-            steps=None if steps_all is None else steps_all[a:b],
+            old_log_probs=roles["old_log_probs"],
+            rollout_log_probs=roles["rollout_log_probs"],
+            response_mask=roles.get("response_mask"),
+            noun="tensor",
+            steps=None if steps_all is None else _rows(steps_all, a, b),
             labels=dict(labels),
-            groups={column: values[a:b] for column, values in groups_all.items()},
+            groups={column: _rows(found, a, b) for column, found in groups_all.items()},
         )
+
+
+def _rows(values: PerRow, a: int, b: int) -> PerRow:
+    """Rows `a:b` of a whole file's per-row values (one value for every row stays as it is)."""
+    if isinstance(values.values, int):
+        return values
+    return PerRow(values.values[a:b], values.where, values.what)
 
 
 def _per_row_integers(
@@ -358,11 +352,11 @@ def _per_row_integers(
 
 def _steps(
     reader: _Reader, tensors: dict[str, _Tensor], metadata: dict[str, str], key: str, num_rows: int, path: str
-) -> np.ndarray | None:
+) -> PerRow | None:
     """Per-row steps from a 1-D integer tensor named `key`, else from `__metadata__[key]`, else None."""
     values = _per_row_integers(reader, tensors, key, num_rows, path, "step")
     if values is not None:
-        return int64_values(values, "step", f"{path} tensor {key!r}")
+        return PerRow(values, f"{path} tensor {key!r}", "step")
     if key in metadata:
         try:
             step = int(metadata[key].strip())
@@ -371,19 +365,19 @@ def _steps(
                 f"expected an integer in __metadata__[{key!r}] of {path}, got {metadata[key]!r}",
                 hint='write the training step as a decimal integer string, e.g. {"step": "12"}',
             ) from None
-        return np.full(num_rows, int64_scalar(step, "step", f"__metadata__[{key!r}] of {path}"), dtype=np.int64)
+        return PerRow(step, f"__metadata__[{key!r}] of {path}", "step")
     return None
 
 
 def _group(
     reader: _Reader, tensors: dict[str, _Tensor], metadata: dict[str, str], key: str, num_rows: int, path: str
-) -> np.ndarray:
+) -> PerRow:
     """Per-row group labels from a 1-D integer tensor named `key`, else one label from `__metadata__[key]`."""
     values = _per_row_integers(reader, tensors, key, num_rows, path, "label")
     if values is not None:
-        return group_labels(values, f"{path} tensor {key!r}")
+        return PerRow(values, f"{path} tensor {key!r}")
     if key in metadata:
         labels = np.empty(num_rows, dtype=object)
         labels[:] = metadata[key]
-        return labels
+        return PerRow(labels)
     raise missing_group(key, path, sorted([*tensors, *metadata]), noun="tensor or __metadata__ key")

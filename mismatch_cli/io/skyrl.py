@@ -25,19 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from ..batch import Batch
 from ..errors import InputError
-from ._common import (
-    advantages_per_position,
-    check_file,
-    int64_scalar,
-    log_prob_pair,
-    mask_to_bool,
-    missing_group,
-    reason,
-)
+from ._common import check_file, missing_group, reason
 from .aliases import ADVANTAGE_ALIASES, resolve_roles
 from .options import ReadOptions
+from .validate import Column, Decoded, PerRow
 
 STEP_NAME = re.compile(r"global_step_(\d+)_")
 _MODULES = ("skyrl.backends.skyrl_train.training_batch", "skyrl_train.training_batch")
@@ -252,8 +244,8 @@ def _arrays(path: str, state: dict[str, Any], options: ReadOptions) -> tuple[dic
     return values, names
 
 
-def read_skyrl(path: str, options: ReadOptions) -> Iterator[Batch]:
-    """Stream a SkyRL `dump_data_batch` pickle as Batches of at most `chunk_rows` samples, in batch order."""
+def decode_skyrl(path: str, options: ReadOptions) -> Iterator[Decoded]:
+    """Stream a SkyRL `dump_data_batch` pickle as decoded chunks of at most `chunk_rows` samples, in batch order."""
     check_file(path)
     state = _load(path)
     values, names = _arrays(path, state, options)
@@ -261,16 +253,14 @@ def read_skyrl(path: str, options: ReadOptions) -> Iterator[Batch]:
     for column in options.group_columns:
         raise missing_group(column, path, [str(k) for k in state["batch_dict"]], noun="key")
     step = step_of(path, metadata)
-    if step is not None:
-        step = int64_scalar(step, "step (global_step)", path)
     count = values["old_log_probs"].shape[0]
     for a in range(0, count, options.chunk_rows):
-        yield _to_batch({role: array[a : a + options.chunk_rows] for role, array in values.items()}, names, step,
+        yield _chunk({role: array[a : a + options.chunk_rows] for role, array in values.items()}, names, step,
                         path, a)
 
 
-def _to_batch(values: dict[str, np.ndarray], names: dict[str, str], step: int | None, path: str,
-              first_row: int) -> Batch:
+def _chunk(values: dict[str, np.ndarray], names: dict[str, str], step: int | None, path: str,
+           first_row: int) -> Decoded:
     rows, width = values["old_log_probs"].shape
     keep = np.ones((rows, width), dtype=bool)
     window = values.get("window")
@@ -283,17 +273,14 @@ def _to_batch(values: dict[str, np.ndarray], names: dict[str, str], step: int | 
             keep = inside
     lengths = keep.sum(axis=1).astype(np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    flat = {role: values[role][keep] for role in ("old_log_probs", "rollout_log_probs")}
-    old, rollout = log_prob_pair(flat, offsets, names, path, first_row, "key")
-    mask = mask_to_bool(values["response_mask"][keep], offsets, first_row, path, names["response_mask"], "key")
+    roles = {role: Column(values[role][keep], offsets, names[role])
+             for role in ("old_log_probs", "rollout_log_probs", "response_mask")}
     advantages = None
     if "advantages" in values:
         advantage = values["advantages"]
         if advantage.shape[1] == width:
-            advantages = advantage[keep].astype(np.float64)
+            advantages = Column(advantage[keep], offsets, names["advantages"])
         else:
-            advantages = advantages_per_position(advantage.reshape(rows, -1)[:, 0], None, offsets,
-                                                 names["advantages"], path, first_row, "key")
-    steps = np.full(rows, step, dtype=np.int64) if step is not None else None
-    return Batch(old_log_probs=old, rollout_log_probs=rollout, response_mask=mask, offsets=offsets, source=path,
-                 first_row=first_row, steps=steps, advantages=advantages)
+            advantages = Column(advantage.reshape(rows, -1)[:, 0], None, names["advantages"])
+    return Decoded(source=path, first_row=first_row, noun="key", **roles, advantages=advantages,
+                   steps=None if step is None else PerRow(step, path, "step (global_step)"))

@@ -22,21 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from ..batch import Batch
 from ..errors import InputError
-from ._common import (
-    check_file,
-    group_labels,
-    int64_scalar,
-    int64_values,
-    log_prob_pair,
-    mask_to_bool,
-    missing_group,
-    reason,
-)
+from ._common import check_file, missing_group, reason
 from .aliases import resolve_roles
 from .detect import slime_kind
 from .options import ReadOptions
+from .validate import Column, Decoded, PerRow
 
 TRAIN_SIDE = (
     "the train-side dump written by --save-debug-train-data PATH or --dump-details DIR "
@@ -196,8 +187,8 @@ def _order(samples: list[dict[str, Any]]) -> list[int]:
     return list(range(len(samples)))
 
 
-def read_slime(path: str, options: ReadOptions) -> Iterator[Batch]:
-    """Stream a slime train-side dump as Batches of at most `chunk_rows` samples, in rollout order."""
+def decode_slime(path: str, options: ReadOptions) -> Iterator[Decoded]:
+    """Stream a slime train-side dump as decoded chunks of at most `chunk_rows` samples, in rollout order."""
     check_file(path)
     if slime_kind(path) == "rollout":
         raise rollout_refusal(path)
@@ -217,7 +208,7 @@ def read_slime(path: str, options: ReadOptions) -> Iterator[Batch]:
     step = meta.get("rollout_id")
     for a in range(0, len(order), options.chunk_rows):
         rows = [samples[i] for i in order[a : a + options.chunk_rows]]
-        yield _to_batch(rows, names, meta, step, id_key, options.group_columns, path, a)
+        yield _decode(rows, names, meta, step, id_key, options.group_columns, path, a)
 
 
 def _shown(value: Any) -> str:
@@ -245,7 +236,7 @@ def _row_name(rows: list[dict[str, Any]], j: int, first_row: int) -> str:
     return f"row {first_row + j}" + (f" (rollout_position {position})" if position is not None else "")
 
 
-def _to_batch(
+def _decode(
     rows: list[dict[str, Any]],
     names: dict[str, str],
     meta: dict[str, Any],
@@ -254,7 +245,9 @@ def _to_batch(
     group_columns: tuple[str, ...],
     path: str,
     first_row: int,
-) -> Batch:
+) -> Decoded:
+    """One chunk of samples as flat streams. Ragged per-sample tensors are checked one by one before they are
+    joined (an integer sample among float ones would be upcast, a short mask shifted into the next sample)."""
     parts: dict[str, list[np.ndarray]] = {}
     for role in ("old_log_probs", "rollout_log_probs"):
         name = names[role]
@@ -297,33 +290,21 @@ def _to_batch(
                 hint="every role must hold one value per response token of the same sample",
             )
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    flat = {role: np.concatenate(parts[role]) for role in ("old_log_probs", "rollout_log_probs")}
-    old, rollout = log_prob_pair(flat, offsets, names, path, first_row, "key")
-    if "response_mask" in parts:
-        mask = mask_to_bool(np.concatenate(parts["response_mask"]), offsets, first_row, path, names["response_mask"],
-                            "key")
-    else:
-        mask = np.ones(len(old), dtype=np.bool_)
+    roles = {role: Column(np.concatenate(values), offsets, names[role]) for role, values in parts.items()}
     count = len(rows)
-    steps = None
-    if isinstance(step, int):
-        steps = np.full(count, int64_scalar(step, "step (rollout_id)", path), dtype=np.int64)
-    ids = np.array([_scalar(row.get(id_key)) for row in rows]) if id_key else None
     groups = {}
     for column in group_columns:
         labels = np.empty(count, dtype=object)
         labels[:] = [_scalar(row.get(column, meta.get(column))) for row in rows]
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in labels):
-            labels = int64_values(labels, "group label", f"{path} key {column!r}", first_row)
-        groups[column] = group_labels(labels)
-    return Batch(
-        old_log_probs=old,
-        rollout_log_probs=rollout,
-        response_mask=mask,
-        offsets=offsets,
+        groups[column] = PerRow(labels, f"{path} key {column!r}")
+    return Decoded(
         source=path,
         first_row=first_row,
-        steps=steps,
-        sequence_ids=ids,
+        old_log_probs=roles["old_log_probs"],
+        rollout_log_probs=roles["rollout_log_probs"],
+        response_mask=roles.get("response_mask"),
+        noun="key",
+        steps=PerRow(step, path, "step (rollout_id)") if isinstance(step, int) else None,
+        sequence_ids=np.array([_scalar(row.get(id_key)) for row in rows]) if id_key else None,
         groups=groups,
     )
