@@ -100,4 +100,5 @@ def test_readme_points_to_the_commands_page():
         assert f"`mismatch {command}`" in readme
     # The newcomer's page stays short; the reference lives in docs/.
     assert len(readme.splitlines()) <= 250
-    assert 'pip install -e ".[dev]" && python -m pytest tests' in readme
+    assert 'pip install -e ".[dev,ray]" && python -m pytest -n 2 tests' in readme
+    assert "-n 2 tests" in (README.parent / ".ci" / "run").read_text()  # the README runs what CI runs
