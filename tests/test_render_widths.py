@@ -172,3 +172,16 @@ def test_blocks_split_only_when_needed_and_repeat_the_label() -> None:
     for indices, widths in blocks:
         fixed = [w for j, w in zip(indices, widths, strict=True) if grid.kinds[j] == "fixed"]
         assert sum(fixed) + 2 * (len(indices) - 1) <= 60 or len(indices) == 2
+
+
+def test_notes_on_stderr_wrap_at_80_columns_without_breaking_a_path(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "80")
+    source = Path(__file__).resolve().parents[1] / "sample_data" / "single_turn.parquet"
+    result = CliRunner().invoke(app, ["analyze", str(source), "--out-dir", "out-folder-with-a-longish-name"])
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.stderr.splitlines() if line.startswith(("wrote", "  "))]
+    assert any(line.startswith("  ") for line in notes)  # the report.html line with its plots is wrapped
+    assert all(len(line) <= 80 for line in notes), notes
+    words = " ".join(notes).split()
+    assert "out-folder-with-a-longish-name/report.html" in words and "position.png)" in words

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,4 +85,12 @@ def note(quiet: bool, *lines: str) -> None:
 
     console = stderr()
     for line in lines:
-        console.print(line, markup=False)
+        console.print("\n".join(_wrap(part, console.width) for part in line.splitlines() or [""]), markup=False)
+
+
+def _wrap(line: str, width: int) -> str:
+    """The line wrapped at `width` between words; as it is when a word (a path) alone would not fit, since a
+    path must stay whole to be copied, and wrapping around it only scatters the sentence."""
+    if max((len(word) for word in line.split()), default=0) + 2 > width:
+        return line
+    return "\n".join(textwrap.wrap(line, width=width, break_on_hyphens=False, subsequent_indent="  ")) or line
