@@ -11,7 +11,7 @@ from typing import Any
 
 from mismatch_cli.correction.model import VERL_FAMILIES, ResolvedCorrection
 from mismatch_cli.correction.older import OLDER_FIELDS, XTUNER, expand_preset, older_presets, resolve_older
-from mismatch_cli.correction.parse import positive_number
+from mismatch_cli.correction.parse import positive_number, unknown_fields
 from mismatch_cli.correction.replay import FAMILIES, REPLAY_FAMILIES, check_trainer_fields
 from mismatch_cli.correction.verl import (
     PRESETS,
@@ -23,7 +23,7 @@ from mismatch_cli.correction.verl import (
     resolve_071,
     resolve_verl,
 )
-from mismatch_cli.errors import ConfigError, UsageError, did_you_mean
+from mismatch_cli.errors import ConfigError, UsageError
 from mismatch_cli.system.numbers import NONE_WORDS
 from mismatch_cli.system.tomlconfig import CORRECTION_FIELDS, check_fields
 
@@ -125,9 +125,7 @@ def settings_from_pairs(pairs: list[str], family: str) -> dict[str, Any]:
             raise ConfigError(f"expected FIELD=VALUE, got {pair_text!r}",
                               hint=f"e.g. {allowed[0]}=...; semantics {family} takes {', '.join(allowed)}")
         if name not in allowed:
-            close = did_you_mean(name, allowed)
-            raise ConfigError(f"unknown field {name} for semantics {family}",
-                              hint=f"{close + ' ' if close else ''}semantics {family} takes {', '.join(allowed)}")
+            raise unknown_fields(family, [name], allowed)
         typed: Any = value.lower() == "true" if CORRECTION_FIELDS.get(name) == "bool" and value.lower() in (
             "true", "false") else value
         try:
@@ -195,8 +193,7 @@ def _check_family(family: str, fields: dict[str, Any]) -> None:
     wrong = [k for k in fields if k not in allowed]
     if wrong:
         homes = "; ".join(f"{k} belongs to {field_home(k) or 'no family'}" for k in wrong)
-        raise ConfigError(f"{', '.join(wrong)} not understood by semantics {family} ({homes})",
-                          hint=f"semantics {family} takes {', '.join(allowed)}")
+        raise unknown_fields(family, wrong, allowed, homes)
 
 
 def resolve_family(family: str, fields: dict[str, Any]) -> tuple[ResolvedCorrection, dict[str, Any]]:

@@ -17,6 +17,16 @@ RS_THRESHOLD_HINT = ('e.g. rollout_rs_threshold = "0.999_1.001" for a k1 option,
                      "with commas")
 
 
+def unknown_fields(family: str, unknown: list[str], known: tuple[str, ...] | list[str],
+                   homes: str = "") -> ConfigError:
+    """The one refusal of fields a family does not have (command line, TOML and library alike), exit 2."""
+    close = did_you_mean(unknown[0], known)
+    noun = "field" if len(unknown) == 1 else "fields"
+    where = f" ({homes})" if homes else ""
+    return ConfigError(f"unknown {noun} {', '.join(unknown)} for semantics {family}{where}",
+                       hint=f"{close + ' ' if close else ''}semantics {family} takes {', '.join(known)}")
+
+
 def parse_is_threshold(spec: Any) -> IsThreshold:
     """Parse `rollout_is_threshold` as verl does (a number = TIS, `L_U` = IcePop), with strict numbers."""
     if isinstance(spec, bool):

@@ -16,12 +16,12 @@ from mismatch_cli.correction.model import CORRECTION_FAMILIES, ReplayFamily
 from mismatch_cli.correction.ms_swift import FAMILY as MS_SWIFT
 from mismatch_cli.correction.nemo_rl import FAMILY as NEMO_RL
 from mismatch_cli.correction.openrlhf import FAMILY as OPENRLHF
+from mismatch_cli.correction.parse import unknown_fields
 from mismatch_cli.correction.prime_rl import FAMILY as PRIME_RL
 from mismatch_cli.correction.skyrl import FAMILY as SKYRL
 from mismatch_cli.correction.slime import FAMILY as SLIME
 from mismatch_cli.correction.slime import MIS_FAMILY as SLIME_MIS
 from mismatch_cli.correction.trl import FAMILY as TRL
-from mismatch_cli.errors import ConfigError, did_you_mean
 
 REPLAY_FAMILIES: dict[str, ReplayFamily] = {family.name: family for family in (
     TRL,
@@ -58,9 +58,7 @@ def check_trainer_fields(family: ReplayFamily, fields: Mapping[str, Any]) -> Non
     known = tuple(family.defaults)
     unknown = [k for k in fields if k not in known]
     if unknown:
-        close = did_you_mean(unknown[0], known)
-        raise ConfigError(f"{', '.join(unknown)} not understood by semantics {family.name}",
-                          hint=f"{close + ' ' if close else ''}semantics {family.name} takes {', '.join(known)}")
+        raise unknown_fields(family.name, unknown, known)
 
 
 def replay_fields() -> dict[str, str]:
