@@ -117,7 +117,7 @@ def analyze(
     deliver(outputs, output, rendered)
     if output_format is not ReportFormat.table or to_file(output):
         note(quiet, *(f"warning: {warning}" for warning in report.warnings))
-    note(quiet, *written, *([f"wrote {output}"] if to_file(output) else []))
+    note(quiet, *written, *([f"wrote {output}"] if to_file(output) else []), wrap=True)
 
 
 def _nonempty_table(report: Report, name: str | None) -> str | None:

@@ -87,7 +87,8 @@ def synth(
                      empty_rows=parse_number(empty_rows, "--empty-rows"),
                      steps=_whole("1" if steps is None else steps, "--steps"), noise=parse_number(noise, "--noise"))
     summary = write_synthetic_dump(output, spec)
-    note(quiet, f"wrote {summary.path}: {summary.sequences} sequences, {summary.tokens} response tokens")
+    note(quiet, f"wrote {summary.path}: {summary.sequences} sequences, {summary.tokens} response tokens",
+         wrap=True)
 
 
 @app.command()

@@ -77,15 +77,17 @@ def deliver(outputs: Outputs, output: str | None, rendered: Rendered) -> None:
         rendered.show()
 
 
-def note(quiet: bool, *lines: str) -> None:
-    """Print notes (what was written, warnings) on standard error unless `-q`."""
+def note(quiet: bool, *lines: str, wrap: bool = False) -> None:
+    """Print notes (what was written, warnings) on standard error unless `-q`; `wrap` fits them to the terminal."""
     if quiet:
         return
     from mismatch_cli.cli.app import stderr
 
     console = stderr()
     for line in lines:
-        console.print("\n".join(_wrap(part, console.width) for part in line.splitlines() or [""]), markup=False)
+        if wrap:
+            line = "\n".join(_wrap(part, console.width) for part in line.splitlines() or [""])
+        console.print(line, markup=False)
 
 
 def _wrap(line: str, width: int) -> str:

@@ -122,7 +122,8 @@ def compare(
             outputs.add(out_dir / name, data, "--out-dir")
     deliver(outputs, output, rendered)
     if out_dir is not None:
-        note(quiet, f"wrote {out_dir}/compare.json, compare.md" + ("" if no_plots else ", compare.html and plots"))
+        note(quiet, f"wrote {out_dir}/compare.json, compare.md" + ("" if no_plots else ", compare.html and plots"),
+             wrap=True)
     note(quiet, comparison.verdict())
     if result.exit_code:
         raise typer.Exit(result.exit_code)
@@ -152,7 +153,8 @@ def _compare_runs(runs: list[str], correction: Any, config: Path | None, practic
             outputs.add(out_dir / name, data, "--out-dir")
     deliver(outputs, output, rendered)
     if out_dir is not None:
-        note(quiet, f"wrote {out_dir}/compare.json, compare.md" + ("" if no_plots else ", compare.html and a plot"))
+        note(quiet, f"wrote {out_dir}/compare.json, compare.md" + ("" if no_plots else ", compare.html and a plot"),
+             wrap=True)
     note(quiet, comparison.verdict())
 
 

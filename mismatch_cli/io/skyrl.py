@@ -234,13 +234,24 @@ def _arrays(path: str, state: dict[str, Any], options: ReadOptions) -> tuple[dic
     elif batch_dict.get("response_mask") is not None:
         values["window"] = _decode(batch_dict["response_mask"], "response_mask", path)
     shape = values["old_log_probs"].shape
+    if "advantages" in values and values["advantages"].ndim == 1:
+        values["advantages"] = values["advantages"].reshape(-1, 1)  # one per sample
     for role, array in values.items():
-        if array.ndim != 2 or (role != "advantages" and array.shape != shape) or array.shape[0] != shape[0]:
+        per_row = role == "advantages" and array.ndim == 2 and array.shape[1] in (1, shape[1])
+        if array.ndim != 2 or (not per_row and array.shape != shape) or array.shape[0] != shape[0]:
             raise InputError(
                 f"expected [batch, response_len] tensors of one shape in {path}, got {tuple(shape)} in key "
                 f"{names['old_log_probs']!r} and {tuple(array.shape)} in key {names.get(role, 'response_mask')!r}",
                 hint="the keys must hold SkyRL's padded response tensors (--column ROLE=KEY picks another key)",
             )
+    window = values.get("window")
+    if window is not None and names.get("response_mask") != "response_mask":
+        bad = (window != 0) & (window != 1)
+        if bad.any():
+            row, token = (int(i) for i in np.argwhere(bad)[0])
+            raise InputError(f"expected response_mask values 0 or 1 (SkyRL's response window), got "
+                             f"{window[row, token].item()!r} in {path} row {row} key 'response_mask' (token {token})",
+                             hint="the response_mask key must mark SkyRL's response positions with 1")
     return values, names
 
 
@@ -268,13 +279,13 @@ def _chunk(values: dict[str, np.ndarray], names: dict[str, str], step: int | Non
         # Only the response positions: left of them the tensors hold padding (0) or, in action_log_probs, the
         # prompt's log-probs. Kept whole if the loss mask reaches outside the window (then it is not SkyRL's).
         inside = window != 0
-        mask = values["response_mask"]
-        if not ((mask != 0) & ~inside).any():
+        mask = values.get("response_mask")
+        if mask is None or not ((mask != 0) & ~inside).any():
             keep = inside
     lengths = keep.sum(axis=1).astype(np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     roles = {role: Column(values[role][keep], offsets, names[role])
-             for role in ("old_log_probs", "rollout_log_probs", "response_mask")}
+             for role in ("old_log_probs", "rollout_log_probs", "response_mask") if role in values}
     advantages = None
     if "advantages" in values:
         advantage = values["advantages"]

@@ -108,6 +108,11 @@ def _legacy_samples(data: dict[str, Any], path: str) -> list[dict[str, Any]]:
             f"expected 'response_lengths' in {path} (rollout_data) to be a list of integers, one per sample, got "
             f"{_shown(lengths)}", hint=_LENGTHS_HINT)
     count = len(lengths)
+    for key, value in data.items():
+        if isinstance(value, (list, tuple)) and len(value) != count:
+            raise InputError(
+                f"expected one entry per sample in key {key!r} of {path} (rollout_data), got {len(value)} for "
+                f"{count} samples (response_lengths)", hint="dump every per-sample list for every sample")
     columns = {key: value for key, value in data.items() if _is_per_sample(value, count)}
     return [{key: value[i] for key, value in columns.items()} for i in range(count)]
 
@@ -178,6 +183,17 @@ def _values(value: Any) -> np.ndarray | None:
     return np.asarray(value).reshape(-1)
 
 
+def _sample_values(row: dict[str, Any], key: str, path: str, rows: list[dict[str, Any]], j: int,
+                   first_row: int) -> np.ndarray | None:
+    """One sample's values under `key`, or InputError when they are not one flat list of numbers."""
+    try:
+        return _values(row.get(key))
+    except (ValueError, TypeError):
+        raise InputError(f"expected one list of numbers per sample in key {key!r}, got {_shown(row.get(key))} "
+                         f"in {path} {_row_name(rows, j, first_row)}",
+                         hint="dump one flat tensor or list per sample for each role") from None
+
+
 def _order(samples: list[dict[str, Any]]) -> list[int]:
     """Sample order by `rollout_position` (fallback `sample_index`), as slime sorts them; else as stored."""
     for key in _ORDER_KEYS:
@@ -206,6 +222,11 @@ def decode_slime(path: str, options: ReadOptions) -> Iterator[Decoded]:
     id_key = next((k for k in ("sample_index", "rollout_position", "sample_indices")
                    if _scalar(samples[0].get(k)) is not None), None)
     step = meta.get("rollout_id")
+    if isinstance(step, float) and step.is_integer():
+        step = int(step)
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+        raise InputError(f"expected an integer rollout_id (the training step) in {path}, got {_shown(step)}",
+                         hint="save rollout_id as the integer step slime passes to its dump")
     for a in range(0, len(order), options.chunk_rows):
         rows = [samples[i] for i in order[a : a + options.chunk_rows]]
         yield _decode(rows, names, meta, step, id_key, options.group_columns, path, a)
@@ -251,7 +272,7 @@ def _decode(
     parts: dict[str, list[np.ndarray]] = {}
     for role in ("old_log_probs", "rollout_log_probs"):
         name = names[role]
-        values = [_values(row.get(name)) for row in rows]
+        values = [_sample_values(row, name, path, rows, j, first_row) for j, row in enumerate(rows)]
         missing = [j for j, v in enumerate(values) if v is None]
         if missing:
             raise InputError(
@@ -271,7 +292,7 @@ def _decode(
     lengths = np.array([len(v) for v in parts["old_log_probs"]], dtype=np.int64)
     checks = {names[r]: np.array([len(v) for v in parts[r]], dtype=np.int64) for r in parts if r != "old_log_probs"}
     if "response_mask" in names:
-        masks = [_values(row.get(names["response_mask"])) for row in rows]
+        masks = [_sample_values(row, names["response_mask"], path, rows, j, first_row) for j, row in enumerate(rows)]
         # slime's loss_mask None means every response token is trained on.
         parts["response_mask"] = [
             np.ones(n, np.int8) if m is None else m for m, n in zip(masks, lengths.tolist(), strict=True)

@@ -91,7 +91,7 @@ def to_batch(decoded: Decoded) -> Batch:
         if columns[role].nulls is not None:
             refuse_valid_nulls(columns[role].nulls, mask, offsets, role, names[role], source, first_row, noun)
     old, rollout = log_prob_pair({role: columns[role].values for role in ("old_log_probs", "rollout_log_probs")},
-                                 offsets, names, source, first_row, noun)
+                                 offsets, names, source, first_row, noun, mask)
     if mask is None:
         mask = np.ones(len(old), dtype=np.bool_)
     if d.row_keep is not None:
@@ -218,7 +218,8 @@ def common_float(old: np.ndarray, rollout: np.ndarray) -> tuple[np.ndarray, np.n
 
 
 def log_prob_pair(values: dict[str, np.ndarray], offsets: np.ndarray, names: dict[str, str], source: str,
-                  first_row: int, noun: str = "column") -> tuple[np.ndarray, np.ndarray]:
+                  first_row: int, noun: str = "column",
+                  mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Both log-prob roles as one float dtype, refusing integers and rows that can only be ids or a mask."""
     for role in ("old_log_probs", "rollout_log_probs"):
         array = values[role]
@@ -228,28 +229,36 @@ def log_prob_pair(values: dict[str, np.ndarray], offsets: np.ndarray, names: dic
                 f"row {first_row} {describe(names[role], role, noun)}",
                 hint=f"point --column {role}=NAME at the {noun} holding the log-probs",
             )
-        check_log_prob_rows(array, offsets, role, names[role], source, first_row, noun)
+        check_log_prob_rows(array, offsets, role, names[role], source, first_row, noun, mask)
     return common_float(to_log_probs(values["old_log_probs"]), to_log_probs(values["rollout_log_probs"]))
 
 
 def check_log_prob_rows(values: np.ndarray, offsets: np.ndarray, role: str, name: str, source: str, first_row: int,
-                        noun: str = "column") -> None:
-    """InputError for the first row holding only whole numbers, some >= 1: token ids or a mask, never log-probs.
+                        noun: str = "column", mask: np.ndarray | None = None) -> None:
+    """InputError for the first row whose valid tokens hold only whole numbers, some >= 1: token ids or a mask.
 
     A log-prob is <= 0 (a tiny positive one is log-softmax rounding); a whole number >= 1 is not one,
     and real log-probs are not all whole. JSON writes -1.0 as -1 in some writers, which this allows.
+    Only valid tokens count (padding may hold anything), and +inf is a broken log-prob, not an id.
     """
     with np.errstate(invalid="ignore"):
         high = values >= 1.0
         if not high.any():  # the common case: one comparison per token
             return
+        high &= values != np.inf
+        if mask is not None:
+            high &= mask
+        if not high.any():
+            return
         not_whole = ~(values == np.rint(values))  # NaN counts as not whole
+        if mask is not None:
+            not_whole &= mask
     not_whole_before = np.concatenate(([0], np.cumsum(not_whole, dtype=np.int64)))
     high_before = np.concatenate(([0], np.cumsum(high, dtype=np.int64)))
     bad = (np.diff(not_whole_before[offsets]) == 0) & (np.diff(high_before[offsets]) > 0)
     if bad.any():
         row = int(np.argmax(bad))
-        top = values[offsets[row]:offsets[row + 1]].max()
+        top = values[offsets[row]:offsets[row + 1]][high[offsets[row]:offsets[row + 1]]].max()
         raise InputError(
             f"expected log-probs (<= 0) for {role}, got only whole numbers up to {top:g} (token ids or a mask?) "
             f"in {source} row {first_row + row} {describe(name, role, noun)}",
@@ -293,13 +302,34 @@ def advantages_per_position(values: np.ndarray, offsets: np.ndarray | None, row_
                             source: str, first_row: int, noun: str = "column") -> np.ndarray:
     """Advantages over a chunk's positions (float64, null = NaN): per-token lists as they are, a per-row value
     repeated over its row; a per-token list of another length than the row is refused."""
-    values = np.asarray(values, dtype=np.float64)
+    values = _numbers(values, offsets, name, source, first_row, noun)
     if offsets is None:
         return np.repeat(values, np.diff(row_offsets))
     if not np.array_equal(offsets, row_offsets):
         check_lengths({"old_log_probs": row_offsets, "advantages": offsets},
                       {"old_log_probs": "old_log_probs", "advantages": name}, source, first_row, noun)
     return values
+
+
+def _numbers(values: np.ndarray, offsets: np.ndarray | None, name: str, source: str, first_row: int,
+             noun: str) -> np.ndarray:
+    """Advantages as float64 (null = NaN), or InputError naming the first value that is not a number."""
+    values = np.asarray(values)
+    if values.dtype.kind in "fiu":
+        return values.astype(np.float64, copy=False)
+    if values.dtype.kind == "O":
+        bad = np.array([not (v is None or (isinstance(v, (int, float, np.integer, np.floating))
+                                           and not isinstance(v, bool))) for v in values], dtype=bool)
+    else:  # strings, bools, dates
+        bad = np.ones(len(values), dtype=bool)
+    if bad.any():
+        position = int(np.argmax(bad))
+        row = position if offsets is None else row_at(offsets, position)
+        raise InputError(f"expected numbers for advantages, got {values[position]!r} in {source} row "
+                         f"{first_row + row} {noun} {name!r}",
+                         hint="write advantages as numbers (one per token, or one per row), or rename the "
+                         f"{noun} so it is not read as advantages")
+    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
 
 
 def group_labels(values: np.ndarray, where: str = "", first_row: int = 0) -> np.ndarray:
@@ -315,8 +345,24 @@ def group_labels(values: np.ndarray, where: str = "", first_row: int = 0) -> np.
     if values.dtype.kind == "b":
         return values.astype(np.int64)
     if values.dtype.kind == "O":
-        return values
+        return _scalar_labels(values, where, first_row)
     out = values.astype(str).astype(object)
     if values.dtype.kind == "f":
         out[np.isnan(values)] = None
+    return out
+
+
+def _scalar_labels(values: np.ndarray, where: str, first_row: int) -> np.ndarray:
+    """Object labels as str / int / None (0-d arrays and tensors unwrapped), or InputError for a list or array."""
+    out = np.empty(len(values), dtype=object)
+    for row, value in enumerate(values):
+        if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+            value = value.item()  # a 0-d tensor or numpy scalar
+        if value is None or isinstance(value, (str, int, float)):
+            out[row] = value if not isinstance(value, float) or value == value else None
+            continue
+        kind = type(value).__name__
+        raise InputError(f"expected one label per row to group by, got a {kind} in {where} row {first_row + row}",
+                         hint="group by a column or field holding one string or integer per row "
+                         "(e.g. env_name, data_source)")
     return out
