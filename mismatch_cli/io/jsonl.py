@@ -334,6 +334,9 @@ def decode_records(path: str, options: ReadOptions, flavor: Flavor) -> Iterator[
     """Stream a JSONL dump of one record per sequence as decoded chunks of at most `chunk_rows` rows."""
     check_file(path)
     record = first_record(path)
+    if record is None and next(_records(path), None) is None:
+        raise InputError(f"cannot read {path} as {flavor.name} JSONL: the file is empty (no record)",
+                         hint="point at a step's file that holds records, or leave this one out")
     if record is None:
         raise InputError(
             f"cannot read {path} as {flavor.name} JSONL: its first line is not a JSON object",

@@ -144,3 +144,25 @@ def test_string_advantage_in_the_first_record_is_refused(tmp_path: Path) -> None
                                          r"'advantages'; fix: write advantages as JSON numbers"):
         list(read_nemo_rl(path, ReadOptions()))
     assert os.path.exists(path)
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("", "as nemo-rl JSONL: the file is empty (no record); fix: "),
+    ("\n\n", "as nemo-rl JSONL: the file is empty (no record); fix: "),
+    ("not json\n", "as nemo-rl JSONL: its first line is not a JSON object; fix: check that the file is a complete "),
+    ("[1, 2]\n", "as nemo-rl JSONL: its first line is not a JSON object; fix: "),
+])
+def test_empty_or_broken_first_line_says_so(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "train_data_step3.jsonl"
+    path.write_text(text)
+    line = _refused(str(path), needle)
+    assert "cannot tell the format" not in line
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path: Path) -> None:
+    path = tmp_path / "step_1" / "rank_0.jsonl"
+    _write(path, [_prime([True, True]), _prime([False, True])])
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    batches = list(read_prime_rl(str(path), ReadOptions()))
+    assert _concat(batches, "response_mask").tolist() == [1, 1, 0, 1]
+    assert _analyze(str(path)).exit_code == 0
