@@ -28,6 +28,7 @@ PRIME_STEP_DIR = re.compile(r"^step_(\d+)$")
 SKYRL_NAME = re.compile(r"^global_step_(\d+)_\w*\.pkl$")
 
 _PEEK_BYTES = 1 << 16
+_BOM = b"\xef\xbb\xbf"
 _PRIME_KEYS = frozenset({"trainer_logprobs", "inference_logprobs"})
 _NEMO_KEYS = frozenset({"prev_logprobs", "generation_logprobs", "token_loss_mask"})
 
@@ -125,15 +126,19 @@ def sniff(path: str) -> str | None:
         (length,) = struct.unpack("<Q", head[:8])
         if length <= size - 8:
             return "safetensors"
-    if head.lstrip()[:1] == b"{":
+    if head.removeprefix(_BOM).lstrip()[:1] == b"{":  # json.loads reads past a UTF-8 byte-order mark, as pyarrow does
         record = first_record(path)
         return json_flavor(record) if record is not None else None
     return None
 
 
 def detect_format(path: str) -> str | None:
-    """The content's format, else the extension's (or SkyRL's `global_step_{N}_*.pkl` name), else None."""
-    by_name = "skyrl" if SKYRL_NAME.match(os.path.basename(path)) else None
+    """The content's format, else the extension's (or the name of a SkyRL `global_step_{N}_*.pkl`, NeMo-RL
+    `train_data_step{N}.jsonl` or prime-rl `rank_{R}.jsonl`: an empty or broken one is then refused by its
+    reader, saying what is wrong with it), else None."""
+    name = os.path.basename(path)
+    by_name = ("skyrl" if SKYRL_NAME.match(name) else "nemo-rl" if NEMO_NAME.match(name)
+               else "prime-rl" if PRIME_NAME.match(name) else None)
     return sniff(path) or EXTENSIONS.get(os.path.splitext(path)[1].lower()) or by_name
 
 

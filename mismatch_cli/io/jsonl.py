@@ -2,13 +2,16 @@
 
 pyarrow's JSON reader parses whole blocks in C++ and keeps only the fields we name, so neither a
 Python loop over records nor the unused streams (token ids, advantages, entropy, ...) cost anything.
-The field types come from the first record; JSON `null` inside a log-prob array becomes NaN (a
-non-finite value, excluded and counted on valid tokens), and a log-prob array that is `null` as a
-whole becomes NaN of the mask's length.
+The field types come from the first record, or the first few where it leaves one open (`null`, `[]`);
+a later record that still shows another type makes one Python pass over the whole file find the
+types every record fits (or refuse the record that fits none), and reading goes on. JSON `null`
+inside a log-prob array becomes NaN (a non-finite value, excluded and counted on valid tokens), and
+a log-prob array that is `null` as a whole becomes NaN of the mask's length.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -27,7 +30,8 @@ from .validate import Column, Decoded, PerRow
 
 _MIN_BLOCK = 4 << 20
 _SCAN_BLOCK = 16 << 20
-_MASK_SNIFF = 4096  # first values of the first record's mask that decide bool vs number
+_SNIFF_RECORDS = 256  # records read in Python at most to find the types the first record leaves open
+_SNIFF_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -54,37 +58,187 @@ class _Field:
         return pa.list_(value) if self.nested else value
 
 
-def _array_field(name: str, value: object, mask: bool) -> _Field:
-    nested = isinstance(value, list) and len(value) > 0 and isinstance(value[0], list)
-    inner = value[0] if nested and isinstance(value, list) else value
-    is_bool = mask and isinstance(inner, list) and any(isinstance(v, bool) for v in inner[:_MASK_SNIFF])
-    return _Field(name, "array", nested, pa.bool_() if is_bool else pa.float64())
+_NAMES = {type(None): None, bool: "bool", int: "int", float: "float", str: "string", list: "list", dict: "object"}
+_SHOWN = {"bool": "a boolean", "int": "a number", "float": "a number", "number": "numbers", "string": "a string",
+          "list": "a list", "object": "an object"}
+_HINTS = {
+    "log-probs": "write every log-prob as a JSON number (null for a missing one)",
+    "mask": "write the mask as 0/1 or true/false on every token, the same kind in every record",
+    "advantages": "write advantages as JSON numbers, either a list per record (one per token) or one number per "
+                  "record, the same in every record",
+    "row-mask": "write the sample mask as a JSON number (0 drops the record, 1 keeps it) or a boolean, not a string",
+    "step": "every record needs an integer step, or drop the field to take the step from the file name",
+    "id": "write one sequence id per record, a number or a string",
+    "group": "group by a field with one label per record (e.g. env_name)",
+}
 
 
-def _scalar_field(name: str, value: object, source: str) -> _Field:
-    nested = isinstance(value, list)
-    if nested and isinstance(value, list):
-        if len(value) != 1:
+@dataclass
+class _Seen:
+    """What the records read so far show of one field's JSON type; None where nothing showed it yet (null, [])."""
+
+    name: str
+    role: str  # "log-probs" | "mask" | "advantages" | "row-mask" | "step" | "id" | "group"
+    kind: str | None  # "array" | "scalar"; None for advantages until a record shows which
+    nested: bool | None = None
+    nested_row: int = 0
+    element: str | None = None  # "bool" | "int" | "float" | "string" (arrays: "bool" | "number")
+    element_row: int = 0
+
+    def resolved(self) -> bool:
+        if self.kind is None or self.nested is None:
+            return False
+        return self.element is not None or (self.kind == "array" and self.role != "mask")
+
+    def observe(self, value: object, row: int, source: str) -> None:
+        if value is None:
+            return
+        kind = self.kind or ("array" if isinstance(value, list) else "scalar")
+        if self.role == "advantages" and (kind == "array") != isinstance(value, list):
+            self._refuse("a list per record" if kind == "array" else "one number per record", self.nested_row,
+                         _SHOWN[_NAMES.get(type(value), "object")], value, row, source)
+        self.kind = kind
+        if kind == "array":
+            self._observe_array(value, row, source)
+        else:
+            self._observe_scalar(value, row, source)
+
+    def _observe_array(self, value: object, row: int, source: str) -> None:
+        if not isinstance(value, list):
+            self._bad(value, row, source, "a list of numbers")
+            return
+        first = next((v for v in value if v is not None), None)
+        if first is None:
+            return  # [] or all null: shows neither the wrapping nor the element type
+        self._wrapping(isinstance(first, list), row, source)
+        values = first if isinstance(first, list) else value
+        found = {_NAMES.get(t, "object") for t in set(map(type, values))} - {None}
+        if not found:
+            return  # [[]] or [[null]]: the element type is still open
+        if found <= {"int", "float"}:
+            element = "number"
+        elif self.role == "mask" and found == {"bool"}:
+            element = "bool"
+        else:
+            bad = next(v for v in values if _NAMES.get(type(v), "object") not in (None, "int", "float"))
+            self._bad(bad, row, source, "numbers" if self.role != "mask" else "0/1 or true/false values")
+            return
+        if self.element is None:
+            self.element, self.element_row = element, row
+        elif self.element != element:
+            self._refuse(_SHOWN[self.element] if self.element == "number" else "booleans", self.element_row,
+                         "numbers" if element == "number" else "booleans", None, row, source)
+
+    def _observe_scalar(self, value: object, row: int, source: str) -> None:
+        nested = isinstance(value, list)
+        if isinstance(value, list):
+            if len(value) > 1:
+                raise InputError(
+                    f"expected field {self.name!r} to hold one value per record, got a list of {len(value)} in "
+                    f"{source} record {row}",
+                    hint=_HINTS[self.role],
+                )
+            value = value[0] if value else None
+        element = _NAMES.get(type(value), "object")
+        if element in ("list", "object"):
             raise InputError(
-                f"expected field {name!r} to hold one value per record, got a list of {len(value)} in {source} "
-                "record 0",
-                hint="group by a field with one label per record (e.g. env_name)",
+                f"expected field {self.name!r} to hold a number or a string, got {type(value).__name__} in {source} "
+                f"record {row}",
+                hint=_HINTS[self.role],
             )
-        value = value[0]
-    if isinstance(value, bool):
-        element: pa.DataType = pa.bool_()
-    elif isinstance(value, int):
-        element = pa.int64()
-    elif isinstance(value, float):
-        element = pa.float64()
-    elif value is None or isinstance(value, str):
-        element = pa.string()
-    else:
+        if self.role == "step" and element != "int":
+            raise InputError(f"expected an integer step, got {value!r} in {source} row {row} field {self.name!r}",
+                             hint=_HINTS["step"])
+        if self.role in ("advantages", "row-mask") and (element == "string" or
+                                                         (element == "bool" and self.role == "advantages")):
+            noun = "advantages" if self.role == "advantages" else "a per-record sample mask"
+            raise InputError(f"expected a number for {noun}, got {value!r} in {source} row {row} field {self.name!r}",
+                             hint=_HINTS[self.role])
+        self._wrapping(nested, row, source)
+        if element is None:
+            return
+        if self.element is None:
+            self.element, self.element_row = element, row
+        elif self.element == element:
+            pass
+        elif {self.element, element} == {"int", "float"}:
+            self.element = "float"
+        else:
+            self._refuse(_SHOWN[self.element], self.element_row, _SHOWN[element], value, row, source)
+
+    def _wrapping(self, nested: bool, row: int, source: str) -> None:
+        if self.nested is None:
+            self.nested, self.nested_row = nested, row
+        elif self.nested != nested:
+            self._refuse("values wrapped in a one-element list" if self.nested else "unwrapped values",
+                         self.nested_row, "a wrapped value" if nested else "an unwrapped value", None, row, source)
+
+    def _bad(self, value: object, row: int, source: str, wanted: str) -> None:
+        shown = _SHOWN.get(_NAMES.get(type(value), "object"), "a value")
         raise InputError(
-            f"expected field {name!r} to hold a number or a string, got {type(value).__name__} in {source} record 0",
-            hint="group by a field with one label per record (e.g. env_name)",
+            f"expected {wanted} in field {self.name!r}, got {shown} ({_clip(value)}) in {source} row {row}",
+            hint=_HINTS[self.role],
         )
-    return _Field(name, "scalar", nested, element)
+
+    def _refuse(self, before: str, before_row: int, now: str, value: object, row: int, source: str) -> None:
+        shown = f" ({_clip(value)})" if value is not None else ""
+        raise InputError(
+            f"expected field {self.name!r} to hold {before} in every record, as in row {before_row}, got {now}{shown} "
+            f"in {source} row {row}",
+            hint=_HINTS[self.role],
+        )
+
+    def field(self, nested_default: bool) -> _Field:
+        nested = self.nested if self.nested is not None else nested_default
+        if self.kind == "array" or (self.kind is None and self.role in ("log-probs", "mask")):
+            return _Field(self.name, "array", nested, pa.bool_() if self.element == "bool" else pa.float64())
+        default = pa.float64() if self.role in ("advantages", "row-mask") else \
+            pa.int64() if self.role == "step" else pa.string()
+        types = {"bool": pa.bool_(), "int": pa.int64(), "float": pa.float64(), "string": pa.string()}
+        return _Field(self.name, "scalar", nested, types.get(self.element or "", default))
+
+
+def _clip(value: object) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def _records(path: str) -> Iterator[tuple[int, int, dict | None]]:
+    """(row, bytes read so far, record) for every non-blank line; the record is None where the line is not a
+    JSON object (reading stops there: pyarrow's message says what is wrong with it)."""
+    row, size = 0, 0
+    with open(path, "rb") as handle:
+        for line in handle:
+            size += len(line)
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            yield row, size, record if isinstance(record, dict) else None
+            row += 1
+
+
+def _infer(path: str, wanted: dict[str, str], advantage: str | None, whole: bool) -> dict[str, _Field]:
+    """The arrow type of every field we read, from the records up to where each type shows (`whole`: all of them).
+
+    A first record's `null`, `[]` or all-null list tells neither the element type nor the one-element-list
+    wrapping, so later records decide; a record that contradicts an earlier one is refused here, naming its
+    row and field.
+    """
+    seen = {name: _Seen(name, role, "array" if role in ("log-probs", "mask") else None if name == advantage
+                        else "scalar") for name, role in wanted.items()}
+    for row, size, record in _records(path):
+        if record is None:
+            break
+        for name, state in seen.items():
+            state.observe(record.get(name), row, path)
+        if not whole and (row + 1 >= _SNIFF_RECORDS or size >= _SNIFF_BYTES
+                          or all(s.resolved() for s in seen.values())):
+            break
+    wrapped = [s.nested for s in seen.values() if s.kind == "array" and s.nested is not None]
+    return {name: state.field(any(wrapped)) for name, state in seen.items()}
 
 
 def longest_line(path: str) -> int:
@@ -180,6 +334,9 @@ def decode_records(path: str, options: ReadOptions, flavor: Flavor) -> Iterator[
     """Stream a JSONL dump of one record per sequence as decoded chunks of at most `chunk_rows` rows."""
     check_file(path)
     record = first_record(path)
+    if record is None and next(_records(path), None) is None:
+        raise InputError(f"cannot read {path} as {flavor.name} JSONL: the file is empty (no record)",
+                         hint="point at a step's file that holds records, or leave this one out")
     if record is None:
         raise InputError(
             f"cannot read {path} as {flavor.name} JSONL: its first line is not a JSON object",
@@ -188,9 +345,7 @@ def decode_records(path: str, options: ReadOptions, flavor: Flavor) -> Iterator[
     available = list(record)
     roles = resolve_roles(available, options, path, noun="field")
     names = {role: name for role, name in roles.items() if name is not None}
-    fields: dict[str, _Field] = {
-        name: _array_field(name, record[name], role == "response_mask") for role, name in names.items()
-    }
+    wanted = {name: "mask" if role == "response_mask" else "log-probs" for role, name in names.items()}
     step_name = options.step_column if options.step_column in record else None
     id_name = next((f for f in flavor.id_fields if f in record), None)
     row_mask = flavor.row_mask_field if flavor.row_mask_field in record else None
@@ -198,30 +353,56 @@ def decode_records(path: str, options: ReadOptions, flavor: Flavor) -> Iterator[
     for column in options.group_columns:
         if column not in record:
             raise missing_group(column, path, available, noun="field")
-    for name in (step_name, id_name, row_mask, *groups):
-        if name is not None and name not in fields:
-            fields[name] = _scalar_field(name, record[name], path)
-    advantage = next((n for n in ADVANTAGE_ALIASES if n in record and n not in fields), None)
+    for name, role in ((step_name, "step"), (id_name, "id"), (row_mask, "row-mask"), *((g, "group") for g in groups)):
+        if name is not None and name not in wanted:
+            wanted[name] = role
+    advantage = next((n for n in ADVANTAGE_ALIASES if n in record and n not in wanted), None)
     if advantage is not None:  # per token (a list) or per record (a number)
-        value = record[advantage]
-        fields[advantage] = (_array_field(advantage, value, False) if isinstance(value, list)
-                             else _scalar_field(advantage, value, path))
+        wanted[advantage] = "advantages"
+    fields = _infer(path, wanted, advantage, whole=False)
 
+    first_row = 0
+    while True:
+        try:
+            for part in _read(path, fields, options.chunk_rows, first_row):
+                yield _decode(part, names, fields, step_name, id_name, row_mask, groups, flavor, path, first_row,
+                              advantage)
+                first_row += part.num_rows
+            return
+        except (pa.ArrowInvalid, OSError) as exc:
+            # The first records left a type open (null, [], an unwrapped null) that a later one shows otherwise:
+            # read every record for the types (refusing one that contradicts another) and go on from here.
+            wider = _infer(path, wanted, advantage, whole=True) if _type_clash(exc) else fields
+            if wider == fields:
+                raise InputError(
+                    f"cannot read {path} as {flavor.name} JSONL: {reason(exc)} (after record {first_row})",
+                    hint=flavor.parse_hint,
+                ) from exc
+            fields = wider
+
+
+def _type_clash(exc: Exception) -> bool:
+    """Whether pyarrow stopped at a value of another type than the schema's (not at broken JSON)."""
+    text = str(exc)
+    return isinstance(exc, pa.ArrowInvalid) and ("changed from" in text or "Failed to convert JSON" in text)
+
+
+def _read(path: str, fields: dict[str, _Field], rows: int, skip: int) -> Iterator[pa.RecordBatch]:
+    """The file's records as batches of `rows` rows (pyarrow's parser), from row `skip` on."""
     schema = pa.schema([(f.name, f.arrow_type()) for f in fields.values()])
     parse = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
-    first_row = 0
-    try:
-        block = max(_MIN_BLOCK, 4 * (longest_line(path) + 2))
-        reader = pj.open_json(path, read_options=pj.ReadOptions(block_size=block), parse_options=parse)
-        for part in _rechunk(reader, options.chunk_rows):
-            yield _decode(part, names, fields, step_name, id_name, row_mask, groups, flavor, path, first_row,
-                            advantage)
-            first_row += part.num_rows
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise InputError(
-            f"cannot read {path} as {flavor.name} JSONL: {reason(exc)} (after record {first_row})",
-            hint=flavor.parse_hint,
-        ) from exc
+    block = max(_MIN_BLOCK, 4 * (longest_line(path) + 2))
+    reader = pj.open_json(path, read_options=pj.ReadOptions(block_size=block), parse_options=parse)
+    yield from _rechunk(_skip(reader, skip), rows)
+
+
+def _skip(record_batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    for record_batch in record_batches:
+        if rows >= record_batch.num_rows:
+            rows -= record_batch.num_rows
+            continue
+        yield record_batch.slice(rows) if rows else record_batch
+        rows = 0
 
 
 def _decode(
@@ -264,7 +445,8 @@ def _decode(
             found = _array(part.column(advantage), field, "advantages", source, first_row)
             advantages = Column(found.values, _offsets(found.lengths), advantage)
         else:
-            advantages = Column(_scalars(part.column(advantage), field, source, first_row), None, advantage)
+            values = _unwrap(part.column(advantage), field, source, first_row).cast(pa.float64())
+            advantages = Column(to_numpy(pc.fill_null(values, np.nan)), None, advantage)  # null: NaN
     return Decoded(
         source=source,
         first_row=first_row,
