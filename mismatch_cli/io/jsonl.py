@@ -11,7 +11,6 @@ a log-prob array that is `null` as a whole becomes NaN of the mask's length.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -25,13 +24,12 @@ from ._common import check_file, missing_group, reason
 from .aliases import ADVANTAGE_ALIASES, resolve_roles
 from .arrays import to_numpy
 from .detect import first_record
+from .jsonl_types import Field, infer_fields, records
 from .options import ReadOptions
 from .validate import Column, Decoded, PerRow
 
 _MIN_BLOCK = 4 << 20
 _SCAN_BLOCK = 16 << 20
-_SNIFF_RECORDS = 256  # records read in Python at most to find the types the first record leaves open
-_SNIFF_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -44,201 +42,6 @@ class Flavor:
     default_groups: tuple[str, ...]  # group columns attached whenever present (for convert)
     step_from_path: int | None  # the step the file name / folder carries, used without a step field
     parse_hint: str  # how to fix an unparsable file
-
-
-@dataclass(frozen=True)
-class _Field:
-    name: str
-    kind: str  # "array" | "scalar"
-    nested: bool  # wrapped in a one-element list (NeMo-RL logs each record as a micro-batch of one)
-    element: pa.DataType
-
-    def arrow_type(self) -> pa.DataType:
-        value = pa.list_(self.element) if self.kind == "array" else self.element
-        return pa.list_(value) if self.nested else value
-
-
-_NAMES = {type(None): None, bool: "bool", int: "int", float: "float", str: "string", list: "list", dict: "object"}
-_SHOWN = {"bool": "a boolean", "int": "a number", "float": "a number", "number": "numbers", "string": "a string",
-          "list": "a list", "object": "an object"}
-_HINTS = {
-    "log-probs": "write every log-prob as a JSON number (null for a missing one)",
-    "mask": "write the mask as 0/1 or true/false on every token, the same kind in every record",
-    "advantages": "write advantages as JSON numbers, either a list per record (one per token) or one number per "
-                  "record, the same in every record",
-    "row-mask": "write the sample mask as a JSON number (0 drops the record, 1 keeps it) or a boolean, not a string",
-    "step": "every record needs an integer step, or drop the field to take the step from the file name",
-    "id": "write one sequence id per record, a number or a string",
-    "group": "group by a field with one label per record (e.g. env_name)",
-}
-
-
-@dataclass
-class _Seen:
-    """What the records read so far show of one field's JSON type; None where nothing showed it yet (null, [])."""
-
-    name: str
-    role: str  # "log-probs" | "mask" | "advantages" | "row-mask" | "step" | "id" | "group"
-    kind: str | None  # "array" | "scalar"; None for advantages until a record shows which
-    nested: bool | None = None
-    nested_row: int = 0
-    element: str | None = None  # "bool" | "int" | "float" | "string" (arrays: "bool" | "number")
-    element_row: int = 0
-
-    def resolved(self) -> bool:
-        if self.kind is None or self.nested is None:
-            return False
-        return self.element is not None or (self.kind == "array" and self.role != "mask")
-
-    def observe(self, value: object, row: int, source: str) -> None:
-        if value is None:
-            return
-        kind = self.kind or ("array" if isinstance(value, list) else "scalar")
-        if self.role == "advantages" and (kind == "array") != isinstance(value, list):
-            self._refuse("a list per record" if kind == "array" else "one number per record", self.nested_row,
-                         _SHOWN[_NAMES.get(type(value), "object")], value, row, source)
-        self.kind = kind
-        if kind == "array":
-            self._observe_array(value, row, source)
-        else:
-            self._observe_scalar(value, row, source)
-
-    def _observe_array(self, value: object, row: int, source: str) -> None:
-        if not isinstance(value, list):
-            self._bad(value, row, source, "a list of numbers")
-            return
-        first = next((v for v in value if v is not None), None)
-        if first is None:
-            return  # [] or all null: shows neither the wrapping nor the element type
-        self._wrapping(isinstance(first, list), row, source)
-        values = first if isinstance(first, list) else value
-        found = {_NAMES.get(t, "object") for t in set(map(type, values))} - {None}
-        if not found:
-            return  # [[]] or [[null]]: the element type is still open
-        if found <= {"int", "float"}:
-            element = "number"
-        elif self.role == "mask" and found == {"bool"}:
-            element = "bool"
-        else:
-            bad = next(v for v in values if _NAMES.get(type(v), "object") not in (None, "int", "float"))
-            self._bad(bad, row, source, "numbers" if self.role != "mask" else "0/1 or true/false values")
-            return
-        if self.element is None:
-            self.element, self.element_row = element, row
-        elif self.element != element:
-            self._refuse(_SHOWN[self.element] if self.element == "number" else "booleans", self.element_row,
-                         "numbers" if element == "number" else "booleans", None, row, source)
-
-    def _observe_scalar(self, value: object, row: int, source: str) -> None:
-        nested = isinstance(value, list)
-        if isinstance(value, list):
-            if len(value) > 1:
-                raise InputError(
-                    f"expected field {self.name!r} to hold one value per record, got a list of {len(value)} in "
-                    f"{source} record {row}",
-                    hint=_HINTS[self.role],
-                )
-            value = value[0] if value else None
-        element = _NAMES.get(type(value), "object")
-        if element in ("list", "object"):
-            raise InputError(
-                f"expected field {self.name!r} to hold a number or a string, got {type(value).__name__} in {source} "
-                f"record {row}",
-                hint=_HINTS[self.role],
-            )
-        if self.role == "step" and element != "int":
-            raise InputError(f"expected an integer step, got {value!r} in {source} row {row} field {self.name!r}",
-                             hint=_HINTS["step"])
-        if self.role in ("advantages", "row-mask") and (element == "string" or
-                                                         (element == "bool" and self.role == "advantages")):
-            noun = "advantages" if self.role == "advantages" else "a per-record sample mask"
-            raise InputError(f"expected a number for {noun}, got {value!r} in {source} row {row} field {self.name!r}",
-                             hint=_HINTS[self.role])
-        self._wrapping(nested, row, source)
-        if element is None:
-            return
-        if self.element is None:
-            self.element, self.element_row = element, row
-        elif self.element == element:
-            pass
-        elif {self.element, element} == {"int", "float"}:
-            self.element = "float"
-        else:
-            self._refuse(_SHOWN[self.element], self.element_row, _SHOWN[element], value, row, source)
-
-    def _wrapping(self, nested: bool, row: int, source: str) -> None:
-        if self.nested is None:
-            self.nested, self.nested_row = nested, row
-        elif self.nested != nested:
-            self._refuse("values wrapped in a one-element list" if self.nested else "unwrapped values",
-                         self.nested_row, "a wrapped value" if nested else "an unwrapped value", None, row, source)
-
-    def _bad(self, value: object, row: int, source: str, wanted: str) -> None:
-        shown = _SHOWN.get(_NAMES.get(type(value), "object"), "a value")
-        raise InputError(
-            f"expected {wanted} in field {self.name!r}, got {shown} ({_clip(value)}) in {source} row {row}",
-            hint=_HINTS[self.role],
-        )
-
-    def _refuse(self, before: str, before_row: int, now: str, value: object, row: int, source: str) -> None:
-        shown = f" ({_clip(value)})" if value is not None else ""
-        raise InputError(
-            f"expected field {self.name!r} to hold {before} in every record, as in row {before_row}, got {now}{shown} "
-            f"in {source} row {row}",
-            hint=_HINTS[self.role],
-        )
-
-    def field(self, nested_default: bool) -> _Field:
-        nested = self.nested if self.nested is not None else nested_default
-        if self.kind == "array" or (self.kind is None and self.role in ("log-probs", "mask")):
-            return _Field(self.name, "array", nested, pa.bool_() if self.element == "bool" else pa.float64())
-        default = pa.float64() if self.role in ("advantages", "row-mask") else \
-            pa.int64() if self.role == "step" else pa.string()
-        types = {"bool": pa.bool_(), "int": pa.int64(), "float": pa.float64(), "string": pa.string()}
-        return _Field(self.name, "scalar", nested, types.get(self.element or "", default))
-
-
-def _clip(value: object) -> str:
-    shown = repr(value)
-    return shown if len(shown) <= 40 else shown[:37] + "..."
-
-
-def _records(path: str) -> Iterator[tuple[int, int, dict | None]]:
-    """(row, bytes read so far, record) for every non-blank line; the record is None where the line is not a
-    JSON object (reading stops there: pyarrow's message says what is wrong with it)."""
-    row, size = 0, 0
-    with open(path, "rb") as handle:
-        for line in handle:
-            size += len(line)
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                record = None
-            yield row, size, record if isinstance(record, dict) else None
-            row += 1
-
-
-def _infer(path: str, wanted: dict[str, str], advantage: str | None, whole: bool) -> dict[str, _Field]:
-    """The arrow type of every field we read, from the records up to where each type shows (`whole`: all of them).
-
-    A first record's `null`, `[]` or all-null list tells neither the element type nor the one-element-list
-    wrapping, so later records decide; a record that contradicts an earlier one is refused here, naming its
-    row and field.
-    """
-    seen = {name: _Seen(name, role, "array" if role in ("log-probs", "mask") else None if name == advantage
-                        else "scalar") for name, role in wanted.items()}
-    for row, size, record in _records(path):
-        if record is None:
-            break
-        for name, state in seen.items():
-            state.observe(record.get(name), row, path)
-        if not whole and (row + 1 >= _SNIFF_RECORDS or size >= _SNIFF_BYTES
-                          or all(s.resolved() for s in seen.values())):
-            break
-    wrapped = [s.nested for s in seen.values() if s.kind == "array" and s.nested is not None]
-    return {name: state.field(any(wrapped)) for name, state in seen.items()}
 
 
 def longest_line(path: str) -> int:
@@ -257,7 +60,7 @@ def longest_line(path: str) -> int:
     return max(longest, partial)
 
 
-def _unwrap(column: pa.Array, field: _Field, source: str, first_row: int) -> pa.Array:
+def _unwrap(column: pa.Array, field: Field, source: str, first_row: int) -> pa.Array:
     """The value of a one-element-list field; an empty or null wrapper becomes null."""
     if not field.nested:
         return column
@@ -283,7 +86,7 @@ class _Array:
     nulls: np.ndarray | None = None  # bool per value of a mask holding nulls (the validator refuses them)
 
 
-def _array(column: pa.Array, field: _Field, role: str, source: str, first_row: int) -> _Array:
+def _array(column: pa.Array, field: Field, role: str, source: str, first_row: int) -> _Array:
     column = _unwrap(column, field, source, first_row)
     lengths = to_numpy(pc.fill_null(pc.list_value_length(column), 0)).astype(np.int64)
     null_rows = to_numpy(column.is_null())
@@ -307,7 +110,7 @@ def _fill_null_rows(array: _Array, target: np.ndarray) -> _Array:
     return _Array(out, lengths, np.zeros_like(array.null_rows))
 
 
-def _scalars(column: pa.Array, field: _Field, source: str, first_row: int) -> np.ndarray:
+def _scalars(column: pa.Array, field: Field, source: str, first_row: int) -> np.ndarray:
     column = _unwrap(column, field, source, first_row)
     if column.null_count and not pa.types.is_string(column.type):
         column = column.cast(pa.string())  # nulls stay None rather than NaN
@@ -334,7 +137,7 @@ def decode_records(path: str, options: ReadOptions, flavor: Flavor) -> Iterator[
     """Stream a JSONL dump of one record per sequence as decoded chunks of at most `chunk_rows` rows."""
     check_file(path)
     record = first_record(path)
-    if record is None and next(_records(path), None) is None:
+    if record is None and next(records(path), None) is None:
         raise InputError(f"cannot read {path} as {flavor.name} JSONL: the file is empty (no record)",
                          hint="point at a step's file that holds records, or leave this one out")
     if record is None:
@@ -359,7 +162,7 @@ def decode_records(path: str, options: ReadOptions, flavor: Flavor) -> Iterator[
     advantage = next((n for n in ADVANTAGE_ALIASES if n in record and n not in wanted), None)
     if advantage is not None:  # per token (a list) or per record (a number)
         wanted[advantage] = "advantages"
-    fields = _infer(path, wanted, advantage, whole=False)
+    fields = infer_fields(path, wanted, advantage, whole=False)
 
     first_row = 0
     while True:
@@ -372,7 +175,7 @@ def decode_records(path: str, options: ReadOptions, flavor: Flavor) -> Iterator[
         except (pa.ArrowInvalid, OSError) as exc:
             # The first records left a type open (null, [], an unwrapped null) that a later one shows otherwise:
             # read every record for the types (refusing one that contradicts another) and go on from here.
-            wider = _infer(path, wanted, advantage, whole=True) if _type_clash(exc) else fields
+            wider = infer_fields(path, wanted, advantage, whole=True) if _type_clash(exc) else fields
             if wider == fields:
                 raise InputError(
                     f"cannot read {path} as {flavor.name} JSONL: {reason(exc)} (after record {first_row})",
@@ -387,7 +190,7 @@ def _type_clash(exc: Exception) -> bool:
     return isinstance(exc, pa.ArrowInvalid) and ("changed from" in text or "Failed to convert JSON" in text)
 
 
-def _read(path: str, fields: dict[str, _Field], rows: int, skip: int) -> Iterator[pa.RecordBatch]:
+def _read(path: str, fields: dict[str, Field], rows: int, skip: int) -> Iterator[pa.RecordBatch]:
     """The file's records as batches of `rows` rows (pyarrow's parser), from row `skip` on."""
     schema = pa.schema([(f.name, f.arrow_type()) for f in fields.values()])
     parse = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
@@ -408,7 +211,7 @@ def _skip(record_batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.Re
 def _decode(
     part: pa.RecordBatch,
     names: dict[str, str],
-    fields: dict[str, _Field],
+    fields: dict[str, Field],
     step_name: str | None,
     id_name: str | None,
     row_mask: str | None,

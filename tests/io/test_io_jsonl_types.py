@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from mismatch_cli.cli import app
 from mismatch_cli.errors import InputError
-from mismatch_cli.io import ReadOptions, read_nemo_rl, read_prime_rl
+from mismatch_cli.io import ReadOptions, jsonl_types, read_nemo_rl, read_prime_rl
 from mismatch_cli.io import jsonl as jsonl_module
 
 runner = CliRunner(env={"NO_COLOR": None, "FORCE_COLOR": None, "MISMATCH_DEBUG": None})
@@ -89,7 +89,7 @@ def test_nemo_whole_null_log_probs_first_read_as_nan(tmp_path: Path, null: objec
 
 
 def test_type_shown_after_the_first_chunks_goes_on_where_it_stopped(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(jsonl_module, "_SNIFF_RECORDS", 1)
+    monkeypatch.setattr(jsonl_types, "_SNIFF_RECORDS", 1)
     monkeypatch.setattr(jsonl_module, "_MIN_BLOCK", 64)  # several pyarrow blocks
     records = [_prime([], advantages=None, export_sequence_idx=i) for i in range(3)]
     records += [_prime([True, False, True], advantages=[0.5, 0.5, 0.5], export_sequence_idx=i) for i in range(3, 6)]
