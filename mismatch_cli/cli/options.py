@@ -187,7 +187,7 @@ class ComputeFlags:
     dtype: Annotated[Dtype, typer.Option("--dtype", help="Per-token compute precision.")] = Dtype.float32
     bootstrap: Annotated[str, typer.Option(
         "--bootstrap", metavar="K", help="Poisson-bootstrap replicates for the report's 95% intervals "
-        "(0..10000; 0 = off, a little faster).")] = "200"
+        "(0..10000; 0 = off, a little faster; under 20 give no interval).")] = "200"
 
 
 def bundled(*bundles: type) -> Callable[[F], F]:

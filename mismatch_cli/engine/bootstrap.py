@@ -27,6 +27,7 @@ from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contributi
 from mismatch_cli.engine.state import F64
 
 DEFAULT_REPLICATES = 200
+MIN_INTERVAL_REPLICATES = 20  # fewer give no interval: the 2.5th and 97.5th percentiles of a handful are single draws
 DEFAULT_SEED = 0
 LEVEL = 0.95
 ROW_BLOCK = 4096  # rows per weight block: bounds the [rows, K] temporaries to a few MB
@@ -265,6 +266,11 @@ class BootstrapAccumulator(Accumulator):
         """Percentile intervals [low, high] per metric, over the replicates where it is defined."""
         tail = (1.0 - level) / 2.0
         intervals: dict[str, list[float]] = {}
+        if self.replicates < MIN_INTERVAL_REPLICATES:
+            # A 95 % percentile interval of a handful of replicates is one of them, not an interval: it can
+            # miss the estimate itself, and compare would call noise a change.
+            return Contribution(notes=[f"{self.replicates} bootstrap replicates are too few for 95 % intervals "
+                                       f"(at least {MIN_INTERVAL_REPLICATES}); the report has none"])
         for key, values in self.replicate_metrics().items():
             # A replicate that drew weight 0 for every valid row has no value; an overflowed metric
             # (k3_kl) has none in most: without a majority of defined replicates there is no interval.
@@ -278,6 +284,7 @@ class BootstrapAccumulator(Accumulator):
 
 __all__ = [
     "DEFAULT_REPLICATES",
+    "MIN_INTERVAL_REPLICATES",
     "BootstrapAccumulator",
     "mix64",
     "poisson_weights",

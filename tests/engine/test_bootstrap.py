@@ -233,3 +233,16 @@ def test_bootstrap_interval_covers_the_truth_at_the_nominal_rate() -> None:
     # 200 trials: the binomial standard error at 95 % is 1.5 points; percentile intervals run a little narrow.
     for key, rate in rates.items():
         assert 0.89 <= rate <= 0.99, (key, rate)
+
+
+def test_too_few_replicates_give_no_interval_and_say_so() -> None:
+    """A 95 % percentile interval of 5 replicates is single draws that may miss the estimate: none, with a note."""
+    old, rollout, mask = random_dump(4, rows=30)
+    batch = batch_from_padded(old, rollout, mask)
+    few = BatchAccumulator(resolve(CorrectionConfig()), CPU, bootstrap=bs.MIN_INTERVAL_REPLICATES - 1)
+    enough = BatchAccumulator(resolve(CorrectionConfig()), CPU, bootstrap=bs.MIN_INTERVAL_REPLICATES)
+    for accumulator in (few, enough):
+        accumulator.update(make_chunk(batch, CPU, torch.float64))
+    assert few.compute().intervals == {}
+    assert any("too few for 95 % intervals" in note for note in few.compute().notes)
+    assert enough.compute().intervals
