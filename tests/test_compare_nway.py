@@ -212,6 +212,11 @@ def test_error_cases(arms: dict, tmp_path: Path) -> None:
     _one_error_line(invoke("compare", fp32, bf16, fp32), 2, "the same run is given twice")
     spelled = fp32.parent / "." / fp32.name  # the same file under another spelling
     _one_error_line(invoke("compare", fp32, bf16, spelled), 2, "the same run is given twice")
+    _one_error_line(invoke("compare", fp32, spelled), 2, "the same run is given twice")  # two runs too
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    (folder / "a.parquet").write_bytes(fp32.read_bytes())
+    _one_error_line(invoke("compare", folder / "a.parquet", bf16, folder), 2, "is inside run")
     _one_error_line(invoke("compare", fp32, bf16, tmp_path / "absent.parquet", "--device", "cpu"), 3, "absent")
     broken = tmp_path / "broken.parquet"
     broken.write_bytes(b"not a parquet file at all")

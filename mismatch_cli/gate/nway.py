@@ -244,6 +244,12 @@ def refuse_repeated_inputs(paths: Sequence[str]) -> None:
         if key in seen:
             raise UsageError(f"the same run is given twice: {seen[key]} and {path}", hint="give each run once")
         seen[key] = path
+    folders = {key: path for key, path in seen.items() if os.path.isdir(key)}
+    for key, path in seen.items():
+        inside = next((folder for folder in folders if key != folder and key.startswith(folder + os.sep)), None)
+        if inside is not None:
+            raise UsageError(f"run {path} is inside run {folders[inside]}, which reads it too",
+                             hint="give each run once: a folder, or the files in it")
 
 
 __all__ = [
