@@ -131,6 +131,17 @@ def test_pass_exit_0(dumps) -> None:
     assert "mismatch check: PASS" in result.stderr
 
 
+def test_flags_a_report_cannot_honour_are_named_not_ignored(dumps) -> None:
+    report = dumps["baseline"]
+    quiet = invoke("check", report, "--fail-on", "kl<=1")
+    assert_exit(quiet, 0)
+    assert "note:" not in quiet.stderr  # no flag given, nothing to say
+    told = invoke("check", report, "--semantics", "trl", "--by", "step", "--fail-on", "kl<=1")
+    assert_exit(told, 0)
+    assert "correction flags do not apply to a report" in told.stderr
+    assert "--by does not apply to a report" in told.stderr
+
+
 def test_breach_exit_1(dumps) -> None:
     limit = 0.5 * (dumps["clean_values"]["chi2_token"] + dumps["bad_values"]["chi2_token"])
     rule = f"rollout_corr/chi2_token<={limit}"

@@ -91,7 +91,6 @@ def compare(
     from mismatch_cli.gate.comparison import parse_min_differences
     from mismatch_cli.render.compare import render_compare_json, render_compare_markdown, render_compare_table
     from mismatch_cli.render.files import compare_files
-    from mismatch_cli.system.tomlconfig import load_table
 
     refuse_without("--no-plots", no_plots, "--out-dir DIR", out_dir is not None)
     if more and fail_on:
@@ -99,7 +98,7 @@ def compare(
                          hint="compare two runs with limits, or hold each run to them with `mismatch check RUN`")
     correction = correction_from_flags(config, correction_flags)
     practical = parse_min_differences(min_difference)
-    flags_given = correction_flags.given() or bool(config is not None and load_table(config, "correction"))
+    flags_given = _correction_given(correction_flags, config)
     if more:
         _compare_runs([base, candidate, *more], correction if flags_given else None, config, practical,
                       _analyze_options(input_flags, compute, by), out_dir, output_format, output, no_plots, quiet)
@@ -127,6 +126,13 @@ def compare(
     note(quiet, comparison.verdict())
     if result.exit_code:
         raise typer.Exit(result.exit_code)
+
+
+def _correction_given(correction_flags: CorrectionFlags, config: Path | None) -> bool:
+    """Whether a correction was asked for (flags or a [correction] table): a report input cannot honour one."""
+    from mismatch_cli.system.tomlconfig import load_table
+
+    return correction_flags.given() or bool(config is not None and load_table(config, "correction"))
 
 
 def _compare_runs(runs: list[str], correction: Any, config: Path | None, practical: dict[str, str],
@@ -226,8 +232,10 @@ def check(
             outputs.check_dir(out_dir, "--out-dir")
         if output is not None and output != "-":
             outputs.check(output, "-o")
-        run = run_check(inputs, fail_on, baseline, missing.value if missing else None, correction=correction,
-                        config=config, **_analyze_options(input_flags, compute, by))
+        flags_given = _correction_given(correction_flags, config)
+        run = run_check(inputs, fail_on, baseline, missing.value if missing else None,
+                        correction=correction if flags_given else None, config=config,
+                        **_analyze_options(input_flags, compute, by))
     except MismatchError as exc:
         # The gate could not run: still leave a JUnit case / annotation that says why.
         publish(could_not_run(exc), baseline)
@@ -243,6 +251,6 @@ def check(
                         lambda console: render_check_table(result, console,
                                                            check_title(inputs, run.baseline_label, console.width)))
     deliver(outputs, output, rendered)
-    note(quiet, result.verdict())
+    note(quiet, *(f"note: {line}" for line in run.notes), result.verdict())
     if result.exit_code:
         raise typer.Exit(result.exit_code)

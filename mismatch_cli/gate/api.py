@@ -6,7 +6,7 @@ import functools
 import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,7 @@ class CheckRun:
     candidate: Report
     baseline: Report | None
     baseline_label: str | None = None  # the baseline as given (a path), from the call or the [check] table
+    notes: list[str] = field(default_factory=list)  # what the flags could not do to a report input
 
     @property
     def exit_code(self) -> int:
@@ -305,10 +306,12 @@ def check(inputs: Sequence[str | os.PathLike] | str | os.PathLike | Report, rule
         candidate = load_side(inputs[0], analyze)[0]
     else:
         candidate = analyze(list(inputs))
+    from_report = isinstance(inputs, Report) or (len(inputs) == 1 and is_report_path(inputs[0]))
+    notes = _side_notes([Sided("the input", candidate, True)], correction, analyze_options) if from_report else []
     baseline_side = _side(baseline, analyze, None) if baseline is not None else None
     baseline_report = baseline_side.report if baseline_side is not None else None
     return CheckRun(evaluate(rule_list, candidate, baseline_report, policy), candidate, baseline_report,
-                    baseline_side.label if baseline_side is not None else None)
+                    baseline_side.label if baseline_side is not None else None, notes)
 
 
 def could_not_run(error: MismatchError) -> CheckResult:
