@@ -250,6 +250,7 @@ def test_steps_column(tmp_path: Path) -> None:
         SynthSpec(empty_rows=1.0),
         SynthSpec(format="safetensors", steps=2),
         SynthSpec(noise=-1.0),
+        SynthSpec(noise=1e300),  # would overflow the float32 log-probs
         SynthSpec(mean_length=0),
         SynthSpec(row_group_tokens=0),
     ],

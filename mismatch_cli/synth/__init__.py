@@ -50,6 +50,9 @@ def write_synthetic_dump(path: str | Path, spec: SynthSpec) -> SynthSummary:
     )
 
 
+MAX_NOISE = 1e4  # far past any real gap; beyond it the float32 log-probs overflow
+
+
 def _validate(spec: SynthSpec) -> None:
     """Reject a spec that cannot describe a dump, saying which field and how to fix it."""
     checks: list[tuple[bool, str, str]] = [
@@ -78,8 +81,8 @@ def _validate(spec: SynthSpec) -> None:
             "write parquet for several steps, or one safetensors file per step",
         ),
         (
-            math.isfinite(spec.noise) and spec.noise >= 0.0,
-            f"noise must be finite and >= 0, got {spec.noise}",
+            math.isfinite(spec.noise) and 0.0 <= spec.noise <= MAX_NOISE,
+            f"noise must be in [0, {MAX_NOISE:g}], got {spec.noise:g}",
             "use 1.0 for bf16-like disagreement",
         ),
         (
