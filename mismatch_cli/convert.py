@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mismatch_cli.batch import Batch
-from mismatch_cli.errors import DataError, UsageError
+from mismatch_cli.errors import DataError, MissingGroupError, UsageError
 from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, discovery_warnings, iter_batches
 from mismatch_cli.system.output import streamed_file
 
@@ -151,6 +151,11 @@ def convert(
                     hint="check that the dump files are not empty",
                 )
             writer.close()
+        except MissingGroupError as exc:  # the readers name --by; here the column was asked for by --keep
+            if writer is not None:
+                with suppress(Exception):
+                    writer.close()
+            raise exc.asked_by(f"--keep {exc.column}") from None
         except BaseException:
             if writer is not None:
                 with suppress(Exception):  # the original error is the one to report

@@ -69,6 +69,15 @@ def test_keep_copies_a_column_and_float64_keeps_precision(tmp_path):
     assert first64 == -0.1 and first32 == float(np.float32(-0.1))
 
 
+def test_a_missing_keep_column_names_keep_not_by(tmp_path):
+    src = write_parquet(str(tmp_path / "in.parquet"), make_seqs(64, count=3), env=False)
+    out = tmp_path / "out.parquet"
+    with pytest.raises(InputError) as error:
+        convert([src], str(out), ReadOptions(group_columns=("env_name",)))
+    assert "(asked for by --keep env_name)" in str(error.value) and "--by" not in str(error.value)
+    assert not out.exists()
+
+
 def test_streams_one_row_group_per_chunk(tmp_path):
     seqs = make_seqs(63, count=7)
     src = write_parquet(str(tmp_path / "in.parquet"), seqs)
