@@ -66,8 +66,10 @@ def trainers() -> dict[str, Trainer]:
 def choose_trainers(names: Sequence[str] | None) -> list[str]:
     """The columns asked for (all, in the default order, when none); UsageError naming the known ones."""
     known = trainers()
-    if not names:
+    if names is None:
         return list(known)
+    if not names:
+        raise UsageError("--trainers names no trainer", hint=f"name some of {', '.join(known)}, or drop --trainers")
     chosen: list[str] = []
     for name in names:
         if name not in known:

@@ -217,6 +217,9 @@ def test_default_columns_are_verl_xtuner_and_every_replayed_trainer() -> None:
 def test_exit_codes() -> None:
     unknown = _invoke("replay", str(DUMP), "--trainers", "verl,trll")
     assert unknown.exit_code == 2 and "did you mean trl" in unknown.output
+    for empty in (",", ""):
+        none = _invoke("replay", str(DUMP), f"--trainers={empty}")
+        assert none.exit_code == 2 and "names no trainer" in none.output
     missing = _invoke("replay", str(ROOT / "no-such-dump.parquet"))
     assert missing.exit_code == 3
 
