@@ -89,3 +89,16 @@ def test_a_null_process_index_names_its_row(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["analyze", str(dump), "--semantics", "trl"])
     assert result.exit_code == 3
     assert f"row {rows - 1}" in result.output and "process_index" in result.output
+
+
+def test_a_clip_max_not_above_zero_is_replayed_with_a_warning(tmp_path: Path) -> None:
+    """GRPOConfig only checks clip_min < clip_max, so a cap of -1 is TRL's to run: we replay it and say what it does."""
+    dump = _dump(CASES["defaults"], tmp_path)
+    result = CliRunner().invoke(app, ["analyze", str(dump), "--semantics", "trl", "--set",
+                                      "vllm_importance_sampling_mode=token_truncate", "--set",
+                                      "vllm_importance_sampling_clip_max=-1", "--format", "json", "--bootstrap", "0",
+                                      "-q"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["metrics"]["sampling/importance_sampling_ratio/max"] == -1.0  # min(ratio, -1), as TRL clamps
+    assert any("clip_max = -1 is not above 0" in warning for warning in report["warnings"])

@@ -133,6 +133,10 @@ class TrlAccumulator(Accumulator):
         values = {key: _nan_reduce([v[key] for v in per_process], reduce) for key, reduce in ACROSS_PROCESSES.items()}
         notes = [f"TRL's keys averaged over {len(per_process)} processes (process_index)"] if len(per_process) > 1 \
             else []
+        if self.spec.clip_max is not None and self.spec.clip_max <= 0:
+            # GRPOConfig accepts it (it only checks clip_min < clip_max), so the weights are what TRL would use.
+            notes.append(f"vllm_importance_sampling_clip_max = {self.spec.clip_max:g} is not above 0: TRL accepts "
+                         "it, and every importance weight is then 0 or negative")
         return Contribution(family=values, notes=notes)
 
 
