@@ -142,6 +142,12 @@ def test_flags_a_report_cannot_honour_are_named_not_ignored(dumps) -> None:
     assert "--by does not apply to a report" in told.stderr
 
 
+def test_a_report_among_other_inputs_is_a_usage_error(dumps) -> None:
+    result = invoke("check", dumps["baseline"], dumps["clean"], "--fail-on", "kl<=1")
+    assert_exit(result, 2)
+    assert "check holds one report to the rules" in result.stderr
+
+
 def test_breach_exit_1(dumps) -> None:
     limit = 0.5 * (dumps["clean_values"]["chi2_token"] + dumps["bad_values"]["chi2_token"])
     rule = f"rollout_corr/chi2_token<={limit}"

@@ -292,6 +292,11 @@ def check(inputs: Sequence[str | os.PathLike] | str | os.PathLike | Report, rule
         raise UsageError(f"inputs must be a Report or a list of paths, got {inputs!r}",
                          hint="pass inputs=['dumps/'] (dumps, folders, globs or one report.json) or a Report")
     inputs = inputs if isinstance(inputs, Report) else [os.fspath(item) for item in inputs]
+    if not isinstance(inputs, Report) and len(inputs) > 1 and any(is_report_path(item) for item in inputs):
+        report = next(item for item in inputs if is_report_path(item))
+        raise UsageError(f"check holds one report to the rules, got {report} among {len(inputs)} inputs",
+                         hint="check a report on its own, or the dumps it was made from; "
+                         "compare two reports with `mismatch compare`")
     _known_options(analyze_options)
     table, rule_list, policy = gather_rules(rules, config, missing)
     baseline = _path_or_report(baseline, "baseline") if baseline is not None else None
