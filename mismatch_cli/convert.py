@@ -124,6 +124,10 @@ def convert(
     if dtype not in FLOAT_TYPES:
         raise UsageError(f"unknown dtype '{dtype}'", hint="use float32 or float64")
     float_type, float_np = FLOAT_TYPES[dtype]
+    suffix = Path(output).suffix.lower()
+    if suffix and suffix not in (".parquet", ".pq"):
+        raise UsageError(f"convert writes parquet, but -o {output} names a {suffix} file",
+                         hint="name the output FILE.parquet")
     options = read_options or ReadOptions()
     files = discover_inputs(paths, options.input_format)
     target = Path(output)

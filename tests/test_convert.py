@@ -13,7 +13,7 @@ import pytest
 
 from mismatch_cli.api import analyze
 from mismatch_cli.convert import convert
-from mismatch_cli.errors import DataError, InputError
+from mismatch_cli.errors import DataError, InputError, UsageError
 from mismatch_cli.io import ReadOptions
 
 sys.path.append(str(Path(__file__).resolve().parent / "io"))  # the dump writers live next to the reader tests
@@ -76,6 +76,15 @@ def test_a_missing_keep_column_names_keep_not_by(tmp_path):
         convert([src], str(out), ReadOptions(group_columns=("env_name",)))
     assert "(asked for by --keep env_name)" in str(error.value) and "--by" not in str(error.value)
     assert not out.exists()
+
+
+def test_an_output_named_for_another_format_is_refused(tmp_path):
+    src = write_parquet(str(tmp_path / "in.parquet"), make_seqs(65, count=2))
+    for name in ("out.csv", "out.safetensors"):
+        with pytest.raises(UsageError, match="convert writes parquet"):
+            convert([src], str(tmp_path / name))
+        assert not (tmp_path / name).exists()
+    convert([src], str(tmp_path / "no_suffix"))  # a bare name is written as parquet
 
 
 def test_streams_one_row_group_per_chunk(tmp_path):
