@@ -104,6 +104,11 @@ class Outputs:
     def check(self, path: str | os.PathLike, flag: str) -> Path:
         """Refuse now a file output that cannot be written: an input, a folder, a URL, a bad name or parent."""
         target = _local(path, flag)
+        key = os.path.realpath(target)
+        owner = next((item.flag for item in self._planned if os.path.realpath(item.path.parent) == key), None)
+        if owner is not None:
+            raise UsageError(f"cannot write {_named(flag, target)}: it is the folder {owner} writes into",
+                             hint="give each output its own path")
         info = _stat(target, flag)
         if info is not None and stat.S_ISDIR(info.st_mode):
             raise UsageError(f"cannot write {_named(flag, target)}: it is a directory",

@@ -302,3 +302,9 @@ def test_every_file_write_goes_through_the_output_module() -> None:
             if pattern.search(line) and "os.devnull" not in line and "streamed_file" not in line:
                 offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert offenders == []
+
+
+def test_an_output_file_named_as_the_out_dir_is_refused_by_name(tmp_path: Path) -> None:
+    run = mismatch("analyze", SAMPLE, "--out-dir", tmp_path / "out", "-o", tmp_path / "out", "--no-plots")
+    assert_clean_failure(run, 2, "it is the folder --out-dir writes into")
+    assert not (tmp_path / "out").exists()
