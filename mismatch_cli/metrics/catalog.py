@@ -64,7 +64,8 @@ _PRACTICAL: dict[str, tuple[float, bool]] = {  # off-policy key (no prefix) -> (
 }
 
 # ---------------------------------------------------------------------------------------- families
-OFFPOLICY = Family("off-policy (verl)", "always, with every verl family (`rollout_corr/`)")
+OFFPOLICY = Family("off-policy (verl)", "always with verl 0.8 and 0.9 (`rollout_corr/`); the older families and "
+                   "the replayed trainers log their own keys instead")
 IS = Family("importance sampling (verl)", "with IS on (`--is`, or a preset with IS); metrics of the applied "
             "(truncated or IcePop-zeroed) weights, of the raw weights up to verl 0.7.1")
 VETO = Family("veto (verl 0.6.1 / 0.7.0)", "`--semantics verl-0.6.1` / `verl-0.7.0` (0.0 while the veto is off)")
