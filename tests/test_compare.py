@@ -107,6 +107,16 @@ def test_one_side_only_is_marked_x(runs, tmp_path: Path) -> None:
     assert any("different corrections" in note for note in body["notes"])
 
 
+def test_another_trainers_semantics_is_named_first(runs, tmp_path: Path) -> None:
+    out = tmp_path / "trl"
+    assert_exit(invoke("analyze", runs["paths"]["bad"], "--semantics", "trl", "--out-dir", out, "--no-plots",
+                       "--device", "cpu"), 0)
+    result, body = compare_json(runs["reports"]["clean"], out / "report.json")
+    assert_exit(result, 0)
+    note = next(note for note in body["notes"] if "different corrections" in note)
+    assert "(semantics: 'verl' vs 'trl'," in note
+
+
 def test_correction_flags_apply_to_dump_sides_only(runs) -> None:
     result, body = compare_json(runs["paths"]["clean"], runs["reports"]["bad"], "--is", "token")
     assert_exit(result, 0)

@@ -232,6 +232,9 @@ def _config_notes(base: Report, candidate: Report) -> list[str]:
     differing = [k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
     if not differing:
         return []
+    if "semantics" in differing:  # another trainer's rules and keys: say that first, the fields follow from it
+        differing.remove("semantics")
+        differing.insert(0, "semantics")
     shown = ", ".join(f"{k}: {ours.get(k)!r} vs {theirs.get(k)!r}" for k in differing[:4])
     return [f"the sides were analyzed with different corrections ({shown}); metrics of one family may be missing "
             "on the other side"]
