@@ -73,8 +73,15 @@ def analyze(
     from mismatch_cli.engine.runner import run  # torch is imported only when analysis really runs
 
     correction = correction or CorrectionConfig()
-    resolved = resolve(correction)
+    if not isinstance(correction, CorrectionConfig):
+        raise UsageError(f"correction must be a CorrectionConfig, got {type(correction).__name__}",
+                         hint="build one: CorrectionConfig(rollout_is='token', rollout_is_threshold=2.0)")
     read_options = read_options or ReadOptions()
+    if not isinstance(read_options, ReadOptions):
+        raise UsageError(f"read_options must be a ReadOptions, got {type(read_options).__name__}",
+                         hint="build one: ReadOptions(columns={'old_log_probs': 'NAME'}, chunk_rows=1024)")
+    resolved = resolve(correction)
+    group_by = (group_by,) if isinstance(group_by, str) else group_by  # one column, not its letters
     # `--by step` is the per-step breakdown; any other name is a group column the readers attach.
     by_step = by_step or "step" in group_by
     group_by = tuple(column for column in dict.fromkeys(group_by) if column != "step")

@@ -80,9 +80,14 @@ def as_array(value: Any, role: str) -> np.ndarray:
     """A numpy view of a torch tensor (any device; bf16 / fp16 widened to float32), a numpy array or a list."""
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch.Tensor, duck-typed: no torch import here
         value = value.detach()
-        if str(getattr(value, "dtype", "")) in ("torch.bfloat16", "torch.float16"):
-            value = value.float()  # numpy has no bfloat16; float32 holds both exactly
-        value = value.cpu().numpy()
+        dtype = str(getattr(value, "dtype", ""))
+        if dtype in ("torch.bfloat16", "torch.float16") or dtype.startswith("torch.float8"):
+            value = value.float()  # numpy has none of these; float32 holds them all exactly
+        try:
+            value = value.cpu().numpy()
+        except (TypeError, RuntimeError, NotImplementedError) as exc:  # a meta tensor, a dtype numpy lacks
+            raise InputError(f"write_dump: {role} cannot be read as numbers ({dtype} on {value.device}: {exc})",
+                             hint=f"pass {role} as a float tensor holding its values") from None
     try:
         array = np.asarray(value)
     except (TypeError, ValueError) as exc:
@@ -127,10 +132,10 @@ def _step(step: Any, meta: Mapping[str, Any]) -> int | None:
         step = next((meta[k] for k in STEP_KEYS if meta.get(k) is not None), None)
     if step is None:
         return None
-    if hasattr(step, "item"):
-        step = step.item()
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-        raise UsageError(f"write_dump: step must be an integer >= 0, got {step!r}",
+    if hasattr(step, "item") and np.size(step.cpu() if hasattr(step, "cpu") else step) == 1:
+        step = step.item()  # a 0-d or one-element tensor / array
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step < 2 ** 63:
+        raise UsageError(f"write_dump: step must be an integer >= 0 (below 2^63), got {step!r}",
                          hint="pass step=self.global_steps (or leave it out)")
     return int(step)
 
@@ -193,6 +198,9 @@ def write_dump(
 
     if dtype not in FLOAT_DTYPES:
         raise UsageError(f"write_dump: unknown dtype {dtype!r}", hint="use float32 or float64")
+    if not isinstance(path, (str, os.PathLike)) or isinstance(os.fspath(path), bytes):
+        raise UsageError(f"write_dump: path must be a folder or .parquet file name, got {path!r}",
+                         hint="pass path='dumps/' or a str / pathlib.Path")
     given = {"old_log_probs": old_log_probs, "rollout_log_probs": rollout_log_probs, "response_mask": response_mask}
     tensors, meta = _unpack(data) if data is not None else ({}, {})
     arrays = {role: as_array(given[role] if given[role] is not None else _pick(tensors, role), role)
@@ -215,8 +223,9 @@ def write_dump(
     if uid is not None:
         columns["uid"] = _labels(uid, "uid", rows)
     if process_index is not None:
-        if isinstance(process_index, bool) or not isinstance(process_index, (int, np.integer)) or process_index < 0:
-            raise UsageError(f"write_dump: process_index must be an integer >= 0, got {process_index!r}",
+        if isinstance(process_index, bool) or not isinstance(process_index, (int, np.integer)) \
+                or not 0 <= process_index < 2 ** 63:
+            raise UsageError(f"write_dump: process_index must be an integer >= 0 (below 2^63), got {process_index!r}",
                              hint="pass process_index=self.accelerator.process_index (or leave it out)")
         columns["process_index"] = pa.array(np.full(rows, int(process_index), dtype=np.int64))
     if advantages is not None:
@@ -225,6 +234,9 @@ def write_dump(
         raise UsageError(f"write_dump: groups is a {type(groups).__name__}, not a mapping",
                          hint="pass groups={'env_name': [one label per row]}")
     for name, values in (groups or {}).items():
+        if not isinstance(name, str):
+            raise UsageError(f"write_dump: group column names must be strings, got {name!r}",
+                             hint="pass groups={'env_name': [one label per row]}")
         if name in columns:
             raise UsageError(f"write_dump: group column {name!r} clashes with a column of the layout",
                              hint="name the group column something else")

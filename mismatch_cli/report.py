@@ -103,6 +103,9 @@ class Report:
         """Read a report.json written by `mismatch analyze`."""
         try:
             data = json.loads(Path(path).read_text(), parse_constant=_refuse_constant)
+        except RecursionError:
+            raise InputError(f"cannot read report {path}: it is nested deeper than any report",
+                             hint="pass a report.json written by `mismatch analyze`") from None
         except (OSError, ValueError) as exc:
             raise InputError(f"cannot read report {path}: {exc}", hint="pass a report.json") from None
         return cls.from_dict(data, source=str(path))

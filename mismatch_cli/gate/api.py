@@ -201,7 +201,6 @@ def compare(base: Side, candidate: Side, rules: Sequence[str | Rule] = (), missi
     metric's unit, "N%" of the base, or None for any change; or `METRIC=AMOUNT` strings as on the command line).
     """
     base, candidate = _path_or_report(base, "base"), _path_or_report(candidate, "candidate")
-    refuse_repeated_inputs([str(side) for side in (base, candidate) if isinstance(side, (str, os.PathLike))])
     _known_options(analyze_options)
     _, rule_list, policy = gather_rules(rules, config, missing)
     min_difference = _min_differences(min_difference)

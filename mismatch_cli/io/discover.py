@@ -227,8 +227,15 @@ def discover_inputs(args: Sequence[str], input_format: str | None = None) -> lis
     `s3://` and `gs://` URIs are listed through pyarrow.fs (see `io/remote.py`).
     """
     forced = check_format(input_format)
+    if isinstance(args, (str, os.PathLike)):  # one path, not a sequence of one-letter paths
+        args = [args]
     if not args:
         raise UsageError("no input given", hint="name at least one dump file or folder")
+    for arg in args:
+        if not isinstance(arg, (str, os.PathLike)):
+            raise UsageError(f"expected dump paths as strings, got {type(arg).__name__} {arg!r}",
+                             hint="pass paths such as ['dumps/'] or ['run.parquet']")
+    args = [os.fspath(arg) for arg in args]
     inputs: list[InputFile] = []
     seen: set[str] = set()
     for arg in args:

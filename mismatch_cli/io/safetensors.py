@@ -189,14 +189,16 @@ def _shape(tensor: _Tensor) -> str:
 
 
 def _packed_lengths(reader: _Reader, tensors: dict[str, _Tensor], total: int, path: str) -> np.ndarray | None:
-    """Row boundaries `cu` (int64, length B+1) from `cu_seqlens` or `num_tokens`, or None when absent."""
+    """Row boundaries `cu` (int64, length B+1) from `cu_seqlens` or `num_tokens` (both must agree), or None."""
+    found: dict[str, np.ndarray] = {}
     for name in ("cu_seqlens", "num_tokens"):
         tensor = tensors.get(name)
         if tensor is None:
             continue
-        if tensor.dtype not in _INT_DTYPES or sum(d != 1 for d in tensor.shape) > 1:
+        if tensor.dtype not in _INT_DTYPES or sum(d != 1 for d in tensor.shape) > 1 or 0 in tensor.shape:
             raise InputError(
-                f"expected a 1-D integer tensor {name!r} in {path}, got {tensor.dtype} {_shape(tensor)}",
+                f"expected a 1-D integer tensor {name!r} in {path} with one value per sequence, got {tensor.dtype} "
+                f"{_shape(tensor)}",
                 hint=f"store {name} as one integer per sequence"
                 + (" plus a leading 0" if name == "cu_seqlens" else ""),
             )
@@ -208,7 +210,8 @@ def _packed_lengths(reader: _Reader, tensors: dict[str, _Tensor], total: int, pa
                     f"(the packed length), got sum {int(values.sum())}",
                     hint="num_tokens must list the length of every packed sequence, in order",
                 )
-            return np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(values)])
+            found[name] = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(values)])
+            continue
         problem = _cu_seqlens_problem(values, total)
         if problem is not None:
             raise InputError(
@@ -216,8 +219,15 @@ def _packed_lengths(reader: _Reader, tensors: dict[str, _Tensor], total: int, pa
                 f"(the packed length), but {problem}",
                 hint="cu_seqlens must be the B+1 cumulative sequence boundaries of the packed tensors",
             )
-        return values
-    return None
+        found[name] = values
+    if len(found) == 2 and not np.array_equal(found["cu_seqlens"], found["num_tokens"]):
+        cu, lengths = found["cu_seqlens"], found["num_tokens"]
+        row = int(np.argmax(cu[: len(lengths)] != lengths[: len(cu)])) - 1 if len(cu) == len(lengths) else None
+        where = f"from sequence {row}" if row is not None else f"on the number of sequences ({len(cu) - 1} vs " \
+            f"{len(lengths) - 1})"
+        raise InputError(f"tensors 'cu_seqlens' and 'num_tokens' in {path} disagree {where}",
+                         hint="save both from the same sequence lengths, or keep one of them")
+    return found.get("cu_seqlens", found.get("num_tokens"))
 
 
 def _cu_seqlens_problem(cu: np.ndarray, total: int) -> str | None:
