@@ -103,9 +103,6 @@ def compare(
         _compare_runs([base, candidate, *more], correction if flags_given else None, config, practical,
                       _analyze_options(input_flags, compute, by), out_dir, output_format, output, no_plots, quiet)
         return
-    from mismatch_cli.gate.nway import refuse_repeated_inputs
-
-    refuse_repeated_inputs([base, candidate])  # on the command line a run against itself is a slip
     outputs = planned_outputs([base, candidate, config], out_dir, output)
     result = run_compare(base, candidate, fail_on, missing.value if missing else None,
                          correction=correction if flags_given else None, config=config, min_difference=practical,
