@@ -99,6 +99,10 @@ def analyze(
         if engine == "ray":
             from mismatch_cli.distributed import run_on_ray
 
+            if device not in ("auto", "cpu"):
+                raise UsageError(f"--engine ray runs the engine on the workers' CPUs, so --device {device} does not "
+                                 "apply", hint="drop --device, or analyze on this machine (--engine local)")
+
             result = run_on_ray(files, read_options, resolved, dtype=dtype, by_step=by_step, rounds=rounds,
                                 group_by=group_by, bootstrap=bootstrap, address=ray_address, source_names=names)
         elif engine == "local":

@@ -9,6 +9,8 @@ they reach the same endpoint with the same credentials.
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Sequence
 
 import numpy as np
@@ -45,6 +47,7 @@ def run_on_ray(
     items = plan(files)
     spec = PartialSpec(correction, dtype, by_step, rounds, tuple(group_by), bootstrap)
     if not ray.is_initialized():
+        _refuse_unreachable(address or os.environ.get("RAY_ADDRESS"))
         env = remote_env() if any(is_remote(f.path) for f in files) else {}
         ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
                  runtime_env={"env_vars": env} if env else None)
@@ -57,6 +60,20 @@ def run_on_ray(
     rows = dataset.map_batches(partial_states, batch_size=1, batch_format="numpy").take_all()
     ordered = sorted(rows, key=lambda r: int(r["index"]))
     return merge_states((row["state"] for row in ordered), spec, source_names)
+
+
+def _refuse_unreachable(address: str | None, timeout: float = 5.0) -> None:
+    """UsageError when nothing answers at a `host:port` cluster address: ray.init would retry for minutes."""
+    if not address or address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # a form Ray resolves itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise UsageError(f"cannot reach a Ray cluster at {address} ({exc.strerror or exc})",
+                         hint="check --ray-address / RAY_ADDRESS, or leave both out to start a local cluster") from None
 
 
 __all__ = ["run_on_ray"]

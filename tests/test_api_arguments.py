@@ -90,3 +90,14 @@ def test_write_dump_reads_float8_tensors(tmp_path: Path) -> None:
     report = analyze([path], bootstrap=0, correction=CorrectionConfig())
     assert report.metrics["diag/valid_tokens"] == 4
     assert json.loads(report.to_json())["metrics"]["rollout_corr/kl"] == 0.0
+
+
+def test_ray_misuse_is_refused_before_any_cluster_starts() -> None:
+    from mismatch_cli.distributed import _refuse_unreachable
+
+    with pytest.raises(UsageError, match="runs the engine on the workers' CPUs"):
+        analyze([SINGLE], bootstrap=0, engine="ray", device="cuda")
+    with pytest.raises(UsageError, match="cannot reach a Ray cluster at 127.0.0.1:1"):
+        _refuse_unreachable("127.0.0.1:1")  # ray.init would retry for minutes
+    _refuse_unreachable(None)  # no address: a local cluster is started
+    _refuse_unreachable("auto")
