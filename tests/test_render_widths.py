@@ -185,3 +185,31 @@ def test_notes_on_stderr_wrap_at_80_columns_without_breaking_a_path(tmp_path: Pa
     assert all(len(line) <= 80 for line in notes), notes
     words = " ".join(notes).split()
     assert "out-folder-with-a-longish-name/report.html" in words and "position.png)" in words
+
+
+def test_a_long_group_label_gives_way_and_never_squeezes_a_number(tmp_path: Path, monkeypatch) -> None:
+    import json
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    old = [(-rng.exponential(0.5, 50)).astype(np.float32) for _ in range(4)]
+    rollout = [np.minimum(o + rng.normal(0, 0.01, 50), 0).astype(np.float32) for o in old]
+    pq.write_table(pa.table({"old_log_probs": pa.array(old, pa.list_(pa.float32())),
+                             "rollout_log_probs": pa.array(rollout, pa.list_(pa.float32())),
+                             "response_mask": pa.array([np.ones(50, np.int8)] * 4, pa.list_(pa.int8())),
+                             "env": ["x" * 300, "a", "x" * 300, "a"]}), tmp_path / "d.parquet")
+    monkeypatch.setenv("COLUMNS", "80")
+    screen = CliRunner().invoke(app, ["analyze", str(tmp_path / "d.parquet"), "--by", "env", "--full", "-q",
+                                      "--bootstrap", "0"])
+    report = CliRunner().invoke(app, ["analyze", str(tmp_path / "d.parquet"), "--by", "env", "--format", "json",
+                                      "-q", "--bootstrap", "0"])
+    assert screen.exit_code == 0 and report.exit_code == 0, screen.output
+    lines = screen.stdout.splitlines()
+    table = lines[lines.index("Per env"):][:6]
+    assert all(len(line) <= 80 for line in table), table
+    long_row = next(line for line in table if line.startswith("xxx"))
+    kl = next(g for g in json.loads(report.stdout)["groups"]["env"] if g["group"] != "a")["metrics"]["rollout_corr/kl"]
+    assert format_value(kl) in long_row.split() and "…" in long_row

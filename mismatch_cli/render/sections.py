@@ -26,14 +26,16 @@ class Section:
     highlight: set[int] = field(default_factory=set)
     note: str | None = None
     repeat: int = 1  # leading label columns repeated in each block when a narrow terminal splits the table
+    labels: set[int] = field(default_factory=set)  # free-form labels (group values): shortened like paths
 
     def text_columns(self) -> set[int]:
         """Indices of the free-text columns (the only cells a terminal may wrap)."""
         return {i for i, column in enumerate(self.columns) if i and column in TEXT_COLUMNS}
 
     def path_columns(self) -> set[int]:
-        """Indices of the columns that hold input paths."""
-        return {i for i, column in enumerate(self.columns) if column in PATH_COLUMNS}
+        """Indices of the columns that hold input paths, or labels that give way like them (a long group value
+        must not squeeze a number)."""
+        return {i for i, column in enumerate(self.columns) if column in PATH_COLUMNS} | self.labels
 
 
 def _metric_rows(report: Report, keys: list[str], strip: str) -> list[list[str]]:
@@ -169,7 +171,7 @@ def group_sections(report: Report) -> list[Section]:
                    if key is None or any(key in e["metrics"] for e in entries)]
         rows = [[str(e["group"]), *[format_value(e["valid_tokens"] if key is None else e["metrics"].get(key))
                                     for _, key in present]] for e in entries]
-        sections.append(Section(f"Per {column}", [column, *[label for label, _ in present]], rows))
+        sections.append(Section(f"Per {column}", [column, *[label for label, _ in present]], rows, labels={0}))
     return sections
 
 
