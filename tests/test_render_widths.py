@@ -213,3 +213,23 @@ def test_a_long_group_label_gives_way_and_never_squeezes_a_number(tmp_path: Path
     long_row = next(line for line in table if line.startswith("xxx"))
     kl = next(g for g in json.loads(report.stdout)["groups"]["env"] if g["group"] != "a")["metrics"]["rollout_corr/kl"]
     assert format_value(kl) in long_row.split() and "…" in long_row
+
+
+def test_a_group_label_with_a_line_break_stays_one_row(tmp_path: Path, monkeypatch) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    old = [np.linspace(-2, -0.1, 20).astype(np.float32)] * 2
+    pq.write_table(pa.table({"old_log_probs": pa.array(old, pa.list_(pa.float32())),
+                             "rollout_log_probs": pa.array([o - 0.01 for o in old], pa.list_(pa.float32())),
+                             "response_mask": pa.array([np.ones(20, np.int8)] * 2, pa.list_(pa.int8())),
+                             "env": ["line\nbreak | pipe", "a"]}), tmp_path / "d.parquet")
+    monkeypatch.setenv("COLUMNS", "80")
+    args = ["analyze", str(tmp_path / "d.parquet"), "--by", "env", "-q", "--bootstrap", "0"]
+    screen = CliRunner().invoke(app, [*args, "--full"])
+    markdown = CliRunner().invoke(app, [*args, "--format", "markdown"])
+    assert screen.exit_code == 0 and markdown.exit_code == 0, screen.output
+    assert any(line.startswith("line\\nbreak | pipe ") for line in screen.stdout.splitlines())
+    rows = [line for line in markdown.stdout.splitlines() if line.startswith("| line")]
+    assert rows == [rows[0]] and rows[0].startswith("| line\\nbreak \\| pipe |")

@@ -54,3 +54,14 @@ def format_percent(fraction: float | None, signed: bool = False) -> str:
 
 
 __all__ = ["DIGITS", "format_percent", "format_signed", "format_value"]
+
+
+
+def markdown_cell(text: str) -> str:
+    """Text as one Markdown table cell: `|` escaped, line breaks as `<br>` (a newline would end the row)."""
+    return text.replace("\r\n", "\n").replace("|", "\\|").replace("\n", "<br>")
+
+
+def one_line(text: str) -> str:
+    """A label as one terminal line: line breaks and tabs shown as escapes (a group value may hold any text)."""
+    return text.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from mismatch_cli.gate.comparison import MARKS, Comparison, MetricRow
 from mismatch_cli.gate.thresholds import CheckResult
-from mismatch_cli.render.cells import format_percent, format_signed, format_value
+from mismatch_cli.render.cells import format_percent, format_signed, format_value, markdown_cell
 from mismatch_cli.render.paths import display_path, paths_in_text
 from mismatch_cli.render.sections import SHOWN_ROUNDS, shown_rounds
 from mismatch_cli.render.table import Grid, Kind, print_grid
@@ -180,17 +180,15 @@ def print_reasons(result: CheckResult, console: Console) -> None:
 def render_check_markdown(result: CheckResult, title: str) -> str:
     """The rule table and verdict as Markdown."""
     lines = [f"## {title}", ""] + markdown_table(CHECK_COLUMNS, outcome_cells(result))
-    return "\n".join(lines + ["", f"**{_md_escape(result.verdict())}**", ""])
+    return "\n".join(lines + ["", f"**{markdown_cell(result.verdict())}**", ""])
 
 
-def _md_escape(cell: str) -> str:
-    return cell.replace("|", "\\|")
 
 
 def markdown_table(columns: list[str], rows: list[list[str]]) -> list[str]:
     """GitHub-flavoured Markdown table lines."""
     lines = ["| " + " | ".join(c or "mark" for c in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(markdown_cell(c) for c in row) + " |" for row in rows]
     return lines
 
 
@@ -200,14 +198,14 @@ def render_compare_markdown(comparison: Comparison) -> str:
              f"`{display_path(comparison.candidate_label)}` (candidate)", ""]
     lines += markdown_table(COLUMNS, [metric_cells(r) for r in comparison.rows]) + [""]
     if legend(comparison):
-        lines += [_md_escape(legend(comparison)), ""]
+        lines += [markdown_cell(legend(comparison)), ""]
     if comparison.rounds:
         lines += ["### Per round", ""] + markdown_table(ROUND_COLUMNS, round_cells(comparison)) + [""]
     if comparison.check is not None:
         lines += ["### Limits", ""] + markdown_table(["", "rule", "value", "baseline", "status"],
                                                       check_cells(comparison)) + [""]
-    lines += [f"- note: {_md_escape(n)}" for n in comparison.notes]
-    lines += ["", f"**{_md_escape(comparison.verdict())}**", ""]
+    lines += [f"- note: {markdown_cell(n)}" for n in comparison.notes]
+    lines += ["", f"**{markdown_cell(comparison.verdict())}**", ""]
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ import json
 from rich.console import Console
 
 from mismatch_cli.gate.nway import NWAY_MARKS, RunsComparison, SpreadRow
-from mismatch_cli.render.cells import format_value
+from mismatch_cli.render.cells import format_value, markdown_cell
 from mismatch_cli.render.table import Grid, Kind, plan_blocks, print_grid
 from mismatch_cli.report import strict_json
 
@@ -107,8 +107,6 @@ def render_runs_table(comparison: RunsComparison, console: Console) -> None:
         console.print(f"note: {note}", highlight=False, markup=False)
 
 
-def _md(cell: str) -> str:
-    return cell.replace("|", "\\|")
 
 
 def render_runs_markdown(comparison: RunsComparison) -> str:
@@ -117,16 +115,16 @@ def render_runs_markdown(comparison: RunsComparison) -> str:
     lines = [f"## mismatch compare: {len(labels)} runs side by side", ""]
     lines += [f"- `{run.label}`: `{run.source}`" for run in comparison.runs] + [""]
     columns = ["mark", "metric", *labels, "best", "worst", "better"]
-    lines += ["| " + " | ".join(_md(c) for c in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(markdown_cell(c) for c in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     for row in comparison.rows:
         runs = [" ".join(part for part in run_cells(row, label) if part) for label in labels]
         cells = [row.mark, row.metric, *runs, row.best or "-", row.worst or "-", _better(row)]
-        lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
+        lines.append("| " + " | ".join(markdown_cell(c) for c in cells) + " |")
     lines.append("")
     if legend(comparison):
-        lines += [_md(legend(comparison)), ""]
-    lines += [f"- note: {_md(n)}" for n in comparison.notes]
-    lines += ["", f"**{_md(comparison.verdict())}**", ""]
+        lines += [markdown_cell(legend(comparison)), ""]
+    lines += [f"- note: {markdown_cell(n)}" for n in comparison.notes]
+    lines += ["", f"**{markdown_cell(comparison.verdict())}**", ""]
     return "\n".join(lines)
 
 

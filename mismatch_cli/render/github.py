@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mismatch_cli.gate.thresholds import CheckResult
-from mismatch_cli.render.cells import format_value
+from mismatch_cli.render.cells import format_value, markdown_cell
 
 MAX_ANNOTATIONS = 10
 TITLE = "mismatch check"
@@ -44,7 +44,7 @@ def step_summary(result: CheckResult, input_label: str, baseline_label: str | No
         cells = [icon[o.status], f"`{o.rule.text}`", format_value(o.value) if o.value is not None else "-",
                  format_value(o.baseline) if o.baseline is not None else "-",
                  "; ".join([o.message, *(f"warning: {w}" for w in o.warnings)])]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        lines.append("| " + " | ".join(markdown_cell(c) for c in cells) + " |")
     lines += ["", f"**{result.verdict()}**", ""]
     return "\n".join(lines)
 

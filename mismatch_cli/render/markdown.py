@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mismatch_cli.render.cells import markdown_cell
 from mismatch_cli.render.lead import (
     NO_BUG,
     Line,
@@ -33,43 +34,41 @@ from mismatch_cli.report import Report
 SEVERITY_MARK = {"error": "!!", "warning": "!", "info": "i"}
 
 
-def _escape(cell: str) -> str:
-    return cell.replace("|", "\\|")
 
 
 def _item(line: Line) -> list[str]:
     """A list item with its naming words in bold and its note indented under it."""
-    text = _escape(line.text)
+    text = markdown_cell(line.text)
     if line.lead and line.text.startswith(line.lead) and not line.prose:
-        text = f"**{_escape(line.lead)}**{_escape(line.text[len(line.lead):])}"
-    return [f"- {text}"] + ([f"  - {_escape(line.note)}"] if line.note else [])
+        text = f"**{markdown_cell(line.lead)}**{markdown_cell(line.text[len(line.lead):])}"
+    return [f"- {text}"] + ([f"  - {markdown_cell(line.note)}"] if line.note else [])
 
 
 def _findings(title: str, findings: list[Mapping[str, Any]], empty: str | None, first_fix: str | None) -> list[str]:
     if not findings:
-        return [f"## {title}", "", _escape(empty), ""] if empty else []
+        return [f"## {title}", "", markdown_cell(empty), ""] if empty else []
     lines = [f"## {title}", ""]
     for finding in findings:
         mark = SEVERITY_MARK.get(str(finding.get("severity")), "-")
-        lines.append(f"- `{mark}` **{_escape(str(finding.get('title', '')))}**")
+        lines.append(f"- `{mark}` **{markdown_cell(str(finding.get('title', '')))}**")
         if finding.get("detail"):
-            lines.append(f"  {_escape(str(finding['detail']))}")
+            lines.append(f"  {markdown_cell(str(finding['detail']))}")
         if finding.get("fix"):
             fix = "the first step of What to do, above" if finding["fix"] == first_fix else str(finding["fix"])
-            lines.append(f"  - **fix**: {_escape(fix)}")
+            lines.append(f"  - **fix**: {markdown_cell(fix)}")
     return [*lines, ""]
 
 
 def lead_markdown(report: Report) -> list[str]:
     """The answers of the first screen as Markdown lines (render/lead.py's text)."""
     answer = verdict(report)
-    lines = [_escape(f"`mismatch` on {inputs_text(report)}; correction: {correction_text(report.config)}"), "",
-             f"## Health: {_escape(answer.headline)}", ""]
+    lines = [markdown_cell(f"`mismatch` on {inputs_text(report)}; correction: {correction_text(report.config)}"), "",
+             f"## Health: {markdown_cell(answer.headline)}", ""]
     for line in answer.checks:
         mark, text = line.text.split(" ", 1)
-        lines.append(f"- `{mark}` {_escape(text.lstrip())}")
-        lines += [f"  - {_escape(line.note)}"] if line.note else []
-    lines += ["", _escape(answer.before), ""] if answer.before else [""]
+        lines.append(f"- `{mark}` {markdown_cell(text.lstrip())}")
+        lines += [f"  - {markdown_cell(line.note)}"] if line.note else []
+    lines += ["", markdown_cell(answer.before), ""] if answer.before else [""]
     findings = findings_of(report)
     diagnosis = report.summary.get("diagnosis") or {}
     lines += _findings("Why", causes(findings), None, None)
@@ -87,10 +86,10 @@ def lead_markdown(report: Report) -> list[str]:
         lines += [f"## {title}", "", "| metric | value | 95 % interval | what it means |", "|---|---|---|---|"]
         for row in rows:
             interval = f"[{row.interval[0]}, {row.interval[1]}]" if row.interval else ""
-            lines.append(f"| `{row.key}` | {row.value} | {interval} | {_escape(row.note or '')} |")
+            lines.append(f"| `{row.key}` | {row.value} | {interval} | {markdown_cell(row.note or '')} |")
         lines.append("")
     terms = glossary("\n".join(lines))
-    return [*lines, *([f"Terms: {_escape(terms)}.", ""] if terms else [])]
+    return [*lines, *([f"Terms: {markdown_cell(terms)}.", ""] if terms else [])]
 
 
 def render_markdown(report: Report) -> str:
@@ -103,10 +102,10 @@ def render_markdown(report: Report) -> str:
         paths = section.path_columns()
         for row in section.rows:
             cells = [display_path(cell) if j in paths else cell for j, cell in enumerate(row)]
-            lines.append("| " + " | ".join(_escape(cell) for cell in cells) + " |")
+            lines.append("| " + " | ".join(markdown_cell(cell) for cell in cells) + " |")
         lines.append("")
         if section.note:
-            lines += [_escape(section.note), ""]
+            lines += [markdown_cell(section.note), ""]
     if report.warnings:
-        lines += ["## Warnings", ""] + [f"- {_escape(w)}" for w in report.warnings] + [""]
+        lines += ["## Warnings", ""] + [f"- {markdown_cell(w)}" for w in report.warnings] + [""]
     return "\n".join(lines)

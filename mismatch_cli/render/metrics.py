@@ -10,6 +10,7 @@ from rich.padding import Padding
 from rich.text import Text
 
 from mismatch_cli.metrics import FAMILIES, PLACEHOLDER_HELP, Metric
+from mismatch_cli.render.cells import markdown_cell
 from mismatch_cli.report import SCHEMA_VERSION
 
 REGENERATE = "python -m mismatch_cli metrics --format markdown > docs/metrics.md"
@@ -53,8 +54,6 @@ def render_metrics_json(metrics: list[Metric]) -> str:
     return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
 
 
 def render_metrics_markdown(metrics: list[Metric]) -> str:
@@ -87,8 +86,8 @@ def render_metrics_markdown(metrics: list[Metric]) -> str:
                   "| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
         for m in chosen:
             meaning = m.meaning + (f" (as `{m.alias_of}`)" if m.alias_of else "")
-            cells = [f"`{m.key}`", _cell(meaning), _cell(m.reduction), _cell(m.unit), _cell(m.direction.value),
-                     _cell(band_text(m))]
+            cells = [f"`{m.key}`", *(markdown_cell(text) for text in (meaning, m.reduction, m.unit, m.direction.value,
+                                                                         band_text(m)))]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)

@@ -10,7 +10,7 @@ from html import escape
 from rich.console import Console
 
 from mismatch_cli.correction import TRAITS
-from mismatch_cli.render.cells import format_value
+from mismatch_cli.render.cells import format_value, markdown_cell
 from mismatch_cli.render.html import STYLE
 from mismatch_cli.render.table import Grid, Kind, print_grid
 from mismatch_cli.replay import Cell, ReplayReport
@@ -75,8 +75,6 @@ def render_replay_table(report: ReplayReport, console: Console) -> None:
             say(line)
 
 
-def _md(cell: str) -> str:
-    return cell.replace("|", "\\|")
 
 
 def render_replay_markdown(report: ReplayReport) -> str:
@@ -86,11 +84,11 @@ def render_replay_markdown(report: ReplayReport) -> str:
     lines += [f"- input: `{path}`" for path in report.inputs] + [""]
     lines += ["| concept | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for row in report.rows:
-        lines.append("| " + " | ".join(_md(c) for c in [row.label, *(cell_text(row.cells[n]) for n in names)])
+        lines.append("| " + " | ".join(markdown_cell(c) for c in [row.label, *(cell_text(row.cells[n]) for n in names)])
                      + " |")
-    lines += ["", _md(legend(report)), ""]
-    lines += [f"- why: {_md(row.why)}" for row in report.rows if row.why]
-    lines += [f"- note: {_md(note)}" for note in report.notes]
+    lines += ["", markdown_cell(legend(report)), ""]
+    lines += [f"- why: {markdown_cell(row.why)}" for row in report.rows if row.why]
+    lines += [f"- note: {markdown_cell(note)}" for note in report.notes]
     return "\n".join([*lines, ""])
 
 

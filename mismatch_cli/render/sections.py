@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from mismatch_cli.metrics import METRICS
 from mismatch_cli.metrics.catalog import OFFPOLICY
-from mismatch_cli.render.cells import format_percent, format_value
+from mismatch_cli.render.cells import format_percent, format_value, one_line
 from mismatch_cli.report import Report
 
 VERL = "rollout_corr/"
@@ -169,7 +169,7 @@ def group_sections(report: Report) -> list[Section]:
             continue
         present = [(label, key) for label, key in STEP_COLUMNS
                    if key is None or any(key in e["metrics"] for e in entries)]
-        rows = [[str(e["group"]), *[format_value(e["valid_tokens"] if key is None else e["metrics"].get(key))
+        rows = [[one_line(str(e["group"])), *[format_value(e["valid_tokens"] if key is None else e["metrics"].get(key))
                                     for _, key in present]] for e in entries]
         sections.append(Section(f"Per {column}", [column, *[label for label, _ in present]], rows, labels={0}))
     return sections
