@@ -74,3 +74,26 @@ def test_template_keys_sort_by_their_number() -> None:
     columns = ["per_round/round_10_abs_diff_mean", "per_round/round_2_abs_diff_mean", "zzz", "step"]
     assert ordered_columns(columns) == ["step", "per_round/round_2_abs_diff_mean",
                                         "per_round/round_10_abs_diff_mean", "zzz"]
+
+
+def test_labels_with_any_text_read_back_and_infinities_are_empty(tmp_path) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from mismatch_cli.cli import app
+    from mismatch_cli.render.csv import cell
+
+    labels = ["a\rb", "\x1b[31mred", 'q"uote, comma', "line\nbreak"]
+    old = [np.linspace(-2, -0.1, 10).astype(np.float32)] * len(labels)
+    pq.write_table(pa.table({"old_log_probs": pa.array(old, pa.list_(pa.float32())),
+                             "rollout_log_probs": pa.array([o - 0.01 for o in old], pa.list_(pa.float32())),
+                             "response_mask": pa.array([np.ones(10, np.int8)] * len(labels), pa.list_(pa.int8())),
+                             "env": labels}), tmp_path / "d.parquet")
+    result = CliRunner().invoke(app, ["analyze", str(tmp_path / "d.parquet"), "--by", "env", "--format", "csv",
+                                      "--table", "groups", "-q", "--bootstrap", "0"])
+    assert result.exit_code == 0, result.output
+    rows = list(csv.reader(io.StringIO(result.stdout, newline="")))
+    assert sorted(row[1] for row in rows[1:]) == sorted(labels)
+    assert cell(float("inf")) == cell(float("-inf")) == cell(float("nan")) == ""

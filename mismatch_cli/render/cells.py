@@ -63,5 +63,5 @@ def markdown_cell(text: str) -> str:
 
 
 def one_line(text: str) -> str:
-    """A label as one terminal line: line breaks and tabs shown as escapes (a group value may hold any text)."""
-    return text.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")
+    """A label as one plain terminal line: line breaks, tabs and control codes (a colour escape) shown as escapes."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

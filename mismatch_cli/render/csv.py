@@ -9,8 +9,6 @@ is an empty field.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import re
 from typing import Any
@@ -42,7 +40,7 @@ def ordered_columns(columns: list[str]) -> list[str]:
 
 
 def cell(value: Any) -> str:
-    """One field: full-precision numbers (repr), empty for None / NaN, true / false for booleans."""
+    """One field: full-precision numbers (repr), empty for None / NaN / ±inf, true / false for booleans."""
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -50,7 +48,7 @@ def cell(value: Any) -> str:
     if hasattr(value, "item") and not isinstance(value, (list, tuple, dict, str)):
         value = value.item()  # a numpy scalar
     if isinstance(value, float):
-        if math.isnan(value):
+        if not math.isfinite(value):  # undefined or overflowed: null in the JSON report, empty here
             return ""
         # pandas turns a count column with a gap into floats: a whole number reads back the same as "64".
         return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
@@ -63,12 +61,15 @@ def render_csv(report: Report, name: str) -> str:
     """One of the report's tables (`steps`, `groups`, `rounds`, ... as `Report.table`) as CSV text."""
     frame = report.table(name)
     columns = ordered_columns([str(c) for c in frame.columns])
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(columns)
-    for record in frame.astype(object).to_dict("records"):
-        writer.writerow([cell(record.get(c)) for c in columns])
-    return out.getvalue()
+    lines = [_row(columns)]
+    lines += [_row([cell(record.get(c)) for c in columns]) for record in frame.astype(object).to_dict("records")]
+    return "".join(lines)
+
+
+def _row(fields: list[str]) -> str:
+    """One CSV line (RFC 4180 quoting). Not the csv module: with "\n" line ends it leaves a carriage return bare,
+    and a reader then starts a new row inside a group label (labels may hold any text)."""
+    return ",".join('"' + f.replace('"', '""') + '"' if any(c in f for c in ',"\r\n') else f for f in fields) + "\n"
 
 
 def default_csv_table(report: Report) -> str:
