@@ -9,6 +9,7 @@ they reach the same endpoint with the same credentials.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Sequence
@@ -49,8 +50,13 @@ def run_on_ray(
     if not ray.is_initialized():
         _refuse_unreachable(address or os.environ.get("RAY_ADDRESS"))
         env = remote_env() if any(is_remote(f.path) for f in files) else {}
+        # Ray's own INFO lines and Ray Data's progress bars would flood stderr (and `-q` promises quiet).
         ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
-                 runtime_env={"env_vars": env} if env else None)
+                 runtime_env={"env_vars": env} if env else None, logging_level=logging.ERROR)
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
 
     def partial_states(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         states = [partial_state(read_work_item(items[int(index)], read_options), spec) for index in batch["index"]]
