@@ -354,6 +354,8 @@ def group_labels(values: np.ndarray, where: str = "", first_row: int = 0) -> np.
 
 def _scalar_labels(values: np.ndarray, where: str, first_row: int) -> np.ndarray:
     """Object labels as str / int / None (0-d arrays and tensors unwrapped), or InputError for a list or array."""
+    if set(map(type, values)) <= {str, int, type(None)}:  # the common case (parquet strings): no loop in Python
+        return values
     out = np.empty(len(values), dtype=object)
     for row, value in enumerate(values):
         if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
