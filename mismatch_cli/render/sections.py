@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from mismatch_cli.metrics import METRICS
 from mismatch_cli.metrics.catalog import OFFPOLICY
 from mismatch_cli.render.cells import format_percent, format_value, one_line
+from mismatch_cli.render.lead import check_mark
 from mismatch_cli.report import Report
 
 VERL = "rollout_corr/"
@@ -47,7 +48,7 @@ def health_section(report: Report) -> Section:
     rows, highlight = [], set()
     for i, check in enumerate(report.summary.get("checks", [])):
         rows.append([check["label"], format_value(check["value"]), check["healthy_range"],
-                     "ok" if check["ok"] else "WARN"])
+                     check_mark(check).strip()])  # the first screen's ok / few / OUT
         if not check["ok"]:
             highlight.add(i)
     status = report.summary.get("status", "healthy")

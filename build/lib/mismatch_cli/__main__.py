@@ -1,0 +1,5 @@
+"""`python -m mismatch_cli` runs the CLI."""
+
+from mismatch_cli.cli import main
+
+main()

@@ -1,0 +1,127 @@
+"""The unit that flows from readers to the engine: whole sequences as flat token arrays."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+ROLES = ("old_log_probs", "rollout_log_probs", "response_mask")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A chunk of whole sequences: per-token arrays of length N and row offsets of length B+1.
+
+    `old_log_probs` is the trainer side, `rollout_log_probs` the inference side, both float32 or
+    float64; `response_mask` is bool (True = trained-on token). Row i spans
+    `offsets[i]:offsets[i+1]`. Padding, prompt and tool tokens are simply positions whose mask is
+    False. `steps` is the training step per row (int64) or None when unknown. `source` names the
+    file and `first_row` the index, within that file, of row 0 (for error messages and ids).
+    `groups` maps a column name (e.g. `env_name`) to one label per row (int64, or an object array
+    of str / None), for `--by COLUMN`. `advantages` is the per-token advantage (float64, NaN where
+    unknown; a per-row advantage repeated over the row's positions) when the dump has one, else None:
+    only a replayed trainer that masks on it (prime-rl) reads it. `process_index` is the rank of
+    the trainer process that held each row (int64 per row) when the dump says so, else None: only a
+    replayed trainer that averages over processes (TRL) reads it.
+    """
+
+    old_log_probs: np.ndarray
+    rollout_log_probs: np.ndarray
+    response_mask: np.ndarray
+    offsets: np.ndarray
+    source: str
+    first_row: int = 0
+    steps: np.ndarray | None = None
+    sequence_ids: np.ndarray | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    groups: dict[str, np.ndarray] = field(default_factory=dict)
+    advantages: np.ndarray | None = None
+    process_index: np.ndarray | None = None
+
+    @property
+    def num_rows(self) -> int:
+        """Number of sequences in the chunk."""
+        return len(self.offsets) - 1
+
+    @property
+    def num_positions(self) -> int:
+        """Number of token positions (masked and unmasked) in the chunk."""
+        return int(self.offsets[-1])
+
+    def row_of_position(self, position: int) -> int:
+        """Row index within the source file of the row holding flat position `position`."""
+        return self.first_row + int(np.searchsorted(self.offsets, position, side="right") - 1)
+
+    def select_rows(self, rows: np.ndarray) -> Batch:
+        """A new batch of the rows where the bool array `rows` is True (positions follow their rows).
+
+        `first_row` keeps the first selected row's index in the file only when the rows are contiguous.
+        """
+        lengths = np.diff(self.offsets)
+        positions = np.repeat(rows, lengths)
+        sub_lengths = lengths[rows]
+        offsets = np.concatenate([[0], np.cumsum(sub_lengths)]).astype(np.int64)
+        picked = np.flatnonzero(rows)
+        first = self.first_row + (int(picked[0]) if len(picked) else 0)
+        return Batch(
+            old_log_probs=self.old_log_probs[positions],
+            rollout_log_probs=self.rollout_log_probs[positions],
+            response_mask=self.response_mask[positions],
+            offsets=offsets,
+            source=self.source,
+            first_row=first,
+            steps=None if self.steps is None else self.steps[rows],
+            sequence_ids=None if self.sequence_ids is None else self.sequence_ids[rows],
+            labels=self.labels,
+            groups={name: values[rows] for name, values in self.groups.items()},
+            advantages=None if self.advantages is None else self.advantages[positions],
+            process_index=None if self.process_index is None else self.process_index[rows],
+        )
+
+    def slice_rows(self, start: int, stop: int) -> Batch:
+        """Rows `start:stop` as views (no copy)."""
+        a, b = int(self.offsets[start]), int(self.offsets[stop])
+        return Batch(
+            old_log_probs=self.old_log_probs[a:b],
+            rollout_log_probs=self.rollout_log_probs[a:b],
+            response_mask=self.response_mask[a:b],
+            offsets=self.offsets[start : stop + 1] - a,
+            source=self.source,
+            first_row=self.first_row + start,
+            steps=None if self.steps is None else self.steps[start:stop],
+            sequence_ids=None if self.sequence_ids is None else self.sequence_ids[start:stop],
+            labels=self.labels,
+            groups={name: values[start:stop] for name, values in self.groups.items()},
+            advantages=None if self.advantages is None else self.advantages[a:b],
+            process_index=None if self.process_index is None else self.process_index[start:stop],
+        )
+
+
+def concat_rows(batches: list[Batch]) -> Batch:
+    """One batch of the rows of consecutive batches of one source, in order (the first one itself when alone)."""
+    if len(batches) == 1:
+        return batches[0]
+    first = batches[0]
+    ends = np.cumsum([b.num_positions for b in batches])
+    offsets = np.concatenate([first.offsets.astype(np.int64, copy=False)]
+                             + [b.offsets[1:] + base for b, base in zip(batches[1:], ends[:-1].tolist(), strict=True)])
+
+    def joined(arrays: list[np.ndarray | None]) -> np.ndarray | None:
+        return None if any(a is None for a in arrays) else np.concatenate(arrays)  # type: ignore[arg-type]
+
+    return Batch(
+        old_log_probs=np.concatenate([b.old_log_probs for b in batches]),
+        rollout_log_probs=np.concatenate([b.rollout_log_probs for b in batches]),
+        response_mask=np.concatenate([b.response_mask for b in batches]),
+        offsets=offsets,
+        source=first.source,
+        first_row=first.first_row,
+        steps=joined([b.steps for b in batches]),
+        sequence_ids=joined([b.sequence_ids for b in batches]),
+        labels=first.labels,
+        groups={name: np.concatenate([b.groups[name] for b in batches]) for name in first.groups},
+        advantages=joined([b.advantages for b in batches]),
+        process_index=joined([b.process_index for b in batches]),
+    )
+

@@ -1,0 +1,370 @@
+"""Turn a reader Batch into device tensors over its valid tokens, once per chunk."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import torch
+
+from mismatch_cli.batch import Batch
+from mismatch_cli.correction import SAFETY_BOUND
+from mismatch_cli.engine.formulas import chi2_seq_terms, chi2_token_terms
+from mismatch_cli.engine.ops import (
+    count,
+    flag_indices,
+    isfinite,
+    numpy_kernels,
+    segment_count,
+    segment_max,
+    segment_sum,
+    take,
+    total,
+)
+from mismatch_cli.engine.segments import Layout, Runs
+from mismatch_cli.engine.state import F64
+
+# Fill values such as -9999 (or -1e4, finfo.min) are no log-prob of a sampled token; -9000 also
+# catches -9999 after bf16 rounding (-9984).
+SENTINEL_LOGPROB = -9000.0
+MAX_CHUNK_POSITIONS = 1 << 20  # bounds every per-token temporary to a few MB
+# On a GPU a 1M-position chunk costs more in kernel launches and Python than in kernels: 4M-position
+# chunks measured 1.5x the throughput on an H100 (docs/performance.md) and keep temporaries small.
+DEVICE_CHUNK_POSITIONS = 1 << 22
+
+
+@dataclass
+class Chunk:
+    """Valid tokens of a chunk, contiguous per row, with the per-row quantities every family shares.
+
+    A token is valid when its mask is 1 and both log-probs are finite and above the sentinel
+    bound; excluded tokens are counted in `quality` and then behave exactly like padding. Every
+    tensor lives on the compute device; the host keeps only the reader's per-row metadata.
+    """
+
+    old: torch.Tensor  # [N_valid] compute dtype
+    rollout: torch.Tensor  # [N_valid]
+    lengths: torch.Tensor  # [B] int64 valid tokens per row
+    quality: dict[str, int]
+    offsets: np.ndarray | None = None  # [B+1] row offsets over positions (host, from the reader)
+    source: str = ""  # the file the rows come from
+    first_row: int = 0  # row index, within `source`, of the chunk's row 0
+    sequence_ids: np.ndarray | None = None  # [B] id column values, when the dump has one
+    steps: np.ndarray | None = None  # [B] training step per row, when known
+    process_index: np.ndarray | None = None  # [B] rank of the trainer process that held each row, when known
+    layout: Layout | None = None  # where the valid tokens and rounds sit among the positions (device)
+    # The raw positions (old, rollout, mask; device, input dtype) for a family that reads every masked-in
+    # token whatever its value, as TRL does (a NaN rollout log-prob is a weight of 1 there, not an exclusion).
+    positions: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    # The dump's per-token advantages (compute dtype) of the valid tokens, and of every position; None without.
+    advantages: torch.Tensor | None = None
+    position_advantages: torch.Tensor | None = field(default=None, repr=False)
+    # Per-row sums already taken, by the id of the per-token tensor (kept alive with it).
+    _row_sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
+    _totals: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
+
+    @cached_property
+    def runs(self) -> Runs:
+        """The chunk's rounds (maximal runs of 1s in each row's mask)."""
+        assert self.layout is not None
+        return self.layout.runs()
+
+    @cached_property
+    def masked(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every masked-in token (mask 1, any value, sentinels and non-finite ones included), contiguous per row.
+
+        (old, rollout) in the compute dtype, and the tokens per row (int64 [B]).
+        """
+        assert self.positions is not None and self.layout is not None
+        old, rollout, mask = self.positions
+        row_positions = self.layout.offsets[1:] - self.layout.offsets[:-1]
+        lengths = segment_count(mask, row_positions)
+        index = flag_indices(mask, self.quality["masked_tokens"])
+        return take(old, index).to(self.old.dtype), take(rollout, index).to(self.old.dtype), lengths
+
+    @cached_property
+    def masked_advantages(self) -> torch.Tensor | None:
+        """The advantages of every masked-in token, aligned with `masked` (None when the dump has none)."""
+        if self.position_advantages is None:
+            return None
+        assert self.positions is not None
+        index = flag_indices(self.positions[2], self.quality["masked_tokens"])
+        return take(self.position_advantages, index).to(self.old.dtype)
+
+    @property
+    def num_rows(self) -> int:
+        """Number of rows (sequences), empty ones included."""
+        return int(self.lengths.numel())
+
+    @property
+    def num_tokens(self) -> int:
+        """Number of valid tokens."""
+        return int(self.old.numel())
+
+    @cached_property
+    def log_ratio(self) -> torch.Tensor:
+        """Unclamped token log-ratio log(pi_train / pi_rollout) = old - rollout."""
+        return self.old - self.rollout
+
+    @cached_property
+    def ratio(self) -> torch.Tensor:
+        """Unclamped token ratio exp(old - rollout) (may overflow to inf, as in verl's k3_kl)."""
+        return torch.exp(self.log_ratio)
+
+    @cached_property
+    def abs_log_ratio(self) -> torch.Tensor:
+        """|old - rollout| per token."""
+        return self.log_ratio.abs()
+
+    @cached_property
+    def worst_token(self) -> torch.Tensor:
+        """Index (a 1-element tensor) of the valid token with the largest |delta|, the first of equal maxima.
+
+        One pass serves the diagnostics' max |delta| and the signatures' worst token. On the CPU numpy's
+        argmax is ~20x torch's; on a device it stays there (no host read).
+        """
+        if numpy_kernels(self.abs_log_ratio):
+            return torch.tensor([int(np.argmax(self.abs_log_ratio.numpy()))])
+        return torch.argmax(self.abs_log_ratio).reshape(1)
+
+    @cached_property
+    def k3(self) -> torch.Tensor:
+        """Per-token k3 estimator exp(d) - d - 1 with the unclamped d, as verl's `k3_kl` uses it."""
+        return self.ratio - self.log_ratio - 1
+
+    @cached_property
+    def ratio_safe_sq(self) -> torch.Tensor:
+        """Square of the safety-clamped ratio (verl's chi2_token summand)."""
+        return chi2_token_terms(self.ratio_safe)
+
+    @cached_property
+    def row_ratio_safe_sq(self) -> torch.Tensor:
+        """exp(2 clamp(S_i, -20, 20)) per row, float64 [B] (verl's chi2_seq summand; 1 for an empty row)."""
+        return chi2_seq_terms(self.log_ratio_row_sum)
+
+    @cached_property
+    def log_ratio_safe(self) -> torch.Tensor:
+        """Token log-ratio clamped to verl's safety bound [-20, 20]."""
+        return self.log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+
+    @cached_property
+    def ratio_safe(self) -> torch.Tensor:
+        """exp(clamp(log-ratio, -20, 20)), bit-identical to verl's, from the one exp of `ratio`."""
+        bound = torch.tensor(SAFETY_BOUND, dtype=self.old.dtype, device=self.old.device)
+        return self.ratio.clamp(torch.exp(-bound), torch.exp(bound))
+
+    @cached_property
+    def row_tokens(self) -> torch.Tensor:
+        """Valid tokens per row, float64 [B] (0 for an empty row)."""
+        return self.lengths.to(F64)
+
+    @cached_property
+    def row_valid(self) -> torch.Tensor:
+        """Rows with at least one valid token, bool [B]."""
+        return self.lengths > 0
+
+    @cached_property
+    def row_denominator(self) -> torch.Tensor:
+        """verl's masked_mean denominator per row: count + 1e-8."""
+        return self.row_tokens + 1e-8
+
+    @cached_property
+    def log_ratio_row_sum(self) -> torch.Tensor:
+        """S_i: per-row sum of the unclamped log-ratio, float64 [B]."""
+        return self.row_sum(self.log_ratio)
+
+    def row_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-row float64 sum of per-token values (0 for an empty row), computed once per tensor."""
+        memo = self._row_sums
+        hit = memo.get(id(values))
+        if hit is not None and hit[0] is values:  # the tensor is kept alive, so its id cannot be reused
+            return hit[1]
+        if self.num_rows == 0:
+            out = torch.zeros(0, dtype=F64, device=values.device)
+        else:
+            out = segment_sum(values, self.lengths, dtype=F64)
+        memo[id(values)] = (values, out)
+        return out
+
+    def total(self, values: torch.Tensor) -> torch.Tensor:
+        """ops.total of a per-token tensor, taken once per chunk however many accumulators sum it."""
+        memo = self._totals
+        hit = memo.get(id(values))
+        if hit is not None and hit[0] is values:  # the tensor is kept alive, so its id cannot be reused
+            return hit[1]
+        out = total(values)
+        memo[id(values)] = (values, out)
+        return out
+
+    def row_mean(self, values: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        """verl's masked_mean along a row: sum / (count + 1e-8); 0 for an empty row.
+
+        With `exact` (a bool or integer mask upstream) the 1e-8 vanishes in float32 unless the count is 0.
+        """
+        if exact:
+            tokens = self.row_tokens
+            return self.row_sum(values) / torch.where(tokens > 0, tokens, torch.full_like(tokens, 1e-8))
+        return self.row_sum(values) / self.row_denominator
+
+    def row_max(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-row max over valid tokens (0 for an empty row, as verl's seq_max does)."""
+        if self.num_rows == 0:
+            return torch.zeros(0, dtype=F64, device=values.device)
+        return segment_max(values, self.lengths)
+
+    def row_count(self, flags: torch.Tensor) -> torch.Tensor:
+        """Per-row number of valid tokens carrying the flag, float64 [B]."""
+        return self.row_sum(flags)
+
+
+def quality_counts(
+    old: np.ndarray, rollout: np.ndarray, mask: np.ndarray
+) -> tuple[np.ndarray, dict[str, int]]:
+    """Valid-token mask after exclusions, and the data-quality counts of the chunk (host arrays)."""
+    keep, flags = _quality_flags(old, rollout, mask)
+    counts = {"positions": int(mask.size), "masked_tokens": int(np.count_nonzero(mask))}
+    counts.update({category: int(np.count_nonzero(flag)) for category, flag in flags.items()})
+    return keep, counts
+
+
+# Which categories are excluded from every metric; the others are counted and kept (SPEC §2.5): a
+# probability of exactly 1 (log-prob 0.0) is legitimate for a confident token in bf16, and a tiny
+# positive log-prob is fp rounding in log-softmax, so dropping them would bias the metrics.
+EXCLUDED_CATEGORIES = ("nonfinite_tokens", "sentinel_tokens")
+QUALITY_CATEGORIES = ("nonfinite_tokens", "sentinel_tokens", "positive_logprob_tokens", "one_side_zero_tokens")
+
+
+def _quality_flags(old: Any, rollout: Any, mask: Any) -> tuple[Any, dict[str, Any]]:
+    """Valid-token mask after exclusions, and one bool array per data-quality category.
+
+    The same expressions for numpy arrays (host) and torch tensors (any device); NaN compares False.
+    """
+    if isinstance(old, torch.Tensor):
+        finite = isfinite(old) & isfinite(rollout)
+    else:
+        finite = np.isfinite(old) & np.isfinite(rollout)
+    nonfinite = mask & ~finite
+    with np.errstate(invalid="ignore"):
+        sentinel = mask & finite & ((old <= SENTINEL_LOGPROB) | (rollout <= SENTINEL_LOGPROB))
+        keep = mask & finite & ~sentinel
+        positive = keep & ((old > 0) | (rollout > 0))
+        one_side_zero = keep & ((old == 0) != (rollout == 0))
+    flags = {
+        "nonfinite_tokens": nonfinite,
+        "sentinel_tokens": sentinel,
+        "positive_logprob_tokens": positive,
+        "one_side_zero_tokens": one_side_zero,
+    }
+    return keep, flags
+
+
+def quality_examples(batch: Batch, categories: Iterable[str], limit: int) -> dict[str, list[dict[str, Any]]]:
+    """The first `limit` flagged tokens of each category: file, row in the file, position in the row, values."""
+    _, flags = _quality_flags(batch.old_log_probs, batch.rollout_log_probs, batch.response_mask.astype(bool))
+    found: dict[str, list[dict[str, Any]]] = {}
+    for category in categories:
+        positions = np.flatnonzero(flags[category])[:limit]
+        if len(positions) == 0:
+            continue
+        rows = np.searchsorted(batch.offsets, positions, side="right") - 1
+        examples = []
+        for position, row in zip(positions.tolist(), rows.tolist(), strict=True):  # at most `limit` of them
+            example: dict[str, Any] = {
+                "file": batch.source,
+                "row": batch.first_row + row,
+                "position": position - int(batch.offsets[row]),
+                "old_log_prob": float(batch.old_log_probs[position]),
+                "rollout_log_prob": float(batch.rollout_log_probs[position]),
+            }
+            if batch.sequence_ids is not None:
+                value = batch.sequence_ids[row]
+                example["id"] = value.item() if isinstance(value, np.generic) else value
+            examples.append(example)
+        found[category] = examples
+    return found
+
+
+def bounded(batch: Batch, max_positions: int = MAX_CHUNK_POSITIONS) -> Iterator[Batch]:
+    """Split a batch into row-aligned views of at most `max_positions` positions (one long row stays whole)."""
+    if batch.num_positions <= max_positions:
+        yield batch
+        return
+    offsets = batch.offsets
+    start = 0
+    while start < batch.num_rows:
+        limit = offsets[start] + max_positions
+        stop = max(int(np.searchsorted(offsets, limit, side="right")) - 1, start + 1)
+        yield batch.slice_rows(start, stop)
+        start = stop
+
+
+def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    with warnings.catch_warnings():
+        # Arrow hands out read-only zero-copy arrays; we never write into them, so torch's warning is moot.
+        warnings.simplefilter("ignore", UserWarning)
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type == "cuda":
+        # Pinned host memory lets the copy run asynchronously: the GPU computes on this chunk while the
+        # CPU (and the read-ahead threads) prepare the next one.
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype) -> Chunk:
+    """Move a batch's raw positions to the device once, and select its valid tokens there in the compute dtype.
+
+    Data-quality flags, row lengths and round starts are computed on the device; their counts come
+    back to the host in one small transfer (the chunk's only wait for the device), which sizes the
+    compaction and the rounds.
+    """
+    old = _tensor(batch.old_log_probs, device)
+    rollout = _tensor(batch.rollout_log_probs, device)
+    mask_np = batch.response_mask.astype(bool, copy=False)
+    mask = _tensor(mask_np, device)
+    positions = (old, rollout, mask)
+    offsets = _tensor(batch.offsets.astype(np.int64, copy=False), device)
+    if numpy_kernels(device):  # the same expressions, on numpy's faster CPU kernels
+        keep_np, flags_np = _quality_flags(batch.old_log_probs, batch.rollout_log_probs, mask_np)
+        keep, flags = torch.from_numpy(keep_np), {c: torch.from_numpy(f) for c, f in flags_np.items()}
+    else:
+        keep, flags = _quality_flags(old, rollout, mask)
+    row_positions = offsets[1:] - offsets[:-1]
+    lengths = segment_count(keep, row_positions)
+    layout = Layout.build(mask, offsets, keep, row_positions)
+    counted = [layout.num_valid, layout.num_runs, layout.max_rounds, count(mask),
+               *(count(flags[c]) for c in QUALITY_CATEGORIES)]
+    num_valid, num_runs, max_rounds, masked, *found = torch.stack(counted).tolist()  # the one host round trip
+    layout.resolve(num_valid, num_runs, max_rounds)
+    quality = {"positions": batch.num_positions, "masked_tokens": masked, **dict(zip(QUALITY_CATEGORIES, found,
+                                                                                       strict=True))}
+    advantages = position_advantages = None
+    if batch.advantages is not None:
+        position_advantages = _tensor(batch.advantages, device)
+        advantages = position_advantages
+    if num_valid < keep.numel():
+        index = flag_indices(keep, num_valid)
+        old, rollout = take(old, index), take(rollout, index)
+        advantages = None if advantages is None else take(advantages, index)
+    return Chunk(
+        old=old.to(dtype),
+        rollout=rollout.to(dtype),
+        lengths=lengths,
+        quality=quality,
+        offsets=batch.offsets,
+        source=batch.source,
+        first_row=batch.first_row,
+        sequence_ids=batch.sequence_ids,
+        steps=batch.steps,
+        process_index=batch.process_index,
+        layout=layout,
+        positions=positions,
+        advantages=None if advantages is None else advantages.to(dtype),
+        position_advantages=position_advantages,
+    )
+
+
+__all__ = ["Chunk", "bounded", "make_chunk", "quality_counts", "quality_examples"]

@@ -1,0 +1,347 @@
+"""Drive the accumulators over a stream of Batches: overall, per step, per source file."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from mismatch_cli.batch import Batch, concat_rows
+from mismatch_cli.correction import ResolvedCorrection
+from mismatch_cli.engine.analysis import BatchAccumulator, BatchResult
+from mismatch_cli.engine.bootstrap import DEFAULT_REPLICATES
+from mismatch_cli.engine.chunk import (
+    DEVICE_CHUNK_POSITIONS,
+    MAX_CHUNK_POSITIONS,
+    QUALITY_CATEGORIES,
+    Chunk,
+    bounded,
+    make_chunk,
+    quality_examples,
+)
+from mismatch_cli.engine.family import FamilyAccumulator
+from mismatch_cli.engine.packs import merge_xtuner_packs
+from mismatch_cli.engine.protocol import ChunkDecisions
+from mismatch_cli.errors import ConfigError, DataError, InputError, UsageError
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+EXAMPLES_PER_CATEGORY = 3  # first flagged tokens kept per data-quality category and file
+MAX_GROUPS = 1000  # distinct values of one --by column; each group holds a full set of accumulators
+
+
+@dataclass
+class SourceStats:
+    """What one input file contributed: rows, positions, data-quality counts and first examples."""
+
+    sequences: int = 0
+    quality: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def add(self, rows: int, quality: dict[str, int]) -> None:
+        """Count one chunk of this file."""
+        self.sequences += rows
+        for key, value in quality.items():
+            self.quality[key] = self.quality.get(key, 0) + value
+
+    def wanted_examples(self, quality: dict[str, int]) -> list[str]:
+        """Categories flagged in this chunk that still lack examples."""
+        return [c for c in QUALITY_CATEGORIES
+                if quality.get(c, 0) and len(self.examples.get(c, ())) < EXAMPLES_PER_CATEGORY]
+
+    def add_examples(self, found: dict[str, list[dict[str, Any]]]) -> None:
+        """Keep the first EXAMPLES_PER_CATEGORY examples of each category."""
+        for category, examples in found.items():
+            kept = self.examples.setdefault(category, [])
+            kept.extend(examples[: EXAMPLES_PER_CATEGORY - len(kept)])
+        # In category order, whatever order the chunks found them in (the report is the same however chunked).
+        self.examples = {c: self.examples[c] for c in QUALITY_CATEGORIES if c in self.examples}
+
+
+@dataclass
+class EngineResult:
+    """Finished metrics: the whole input as one batch, each step as its own, and per-file stats."""
+
+    overall: BatchResult
+    steps: dict[int, BatchResult]
+    sources: dict[str, SourceStats]
+    device: str
+    dtype: str
+    groups: dict[str, dict[Any, BatchResult]] = field(default_factory=dict)  # column -> label -> result
+
+
+def resolve_device(name: str) -> torch.device:
+    """Map `auto|cpu|cuda|cuda:N` to a torch device, refusing CUDA when none is present."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"unknown device '{name}'", hint="use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"device '{name}' requested but CUDA is not available", hint="use --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f"unsupported device '{name}'", hint="use auto, cpu, cuda or cuda:N")
+    return device
+
+
+def _labels(values: np.ndarray) -> np.ndarray:
+    """Sortable per-row labels: integers stay int64; anything else becomes str, null as "null"."""
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64, copy=False)
+    labels = values.astype(str)
+    if values.dtype == object:
+        labels[np.equal(values, None)] = "null"
+    return labels
+
+
+def _split_rows(batch: Batch, keys: np.ndarray) -> list[tuple[Any, Batch]]:
+    """The batch's rows grouped by `keys` (one label per row), in sorted label order."""
+    unique, inverse = np.unique(keys, return_inverse=True)
+    labels = [u.item() if isinstance(u, np.generic) else u for u in unique]
+    if len(unique) == 1:
+        return [(labels[0], batch)]
+    return [(label, batch.select_rows(inverse == i)) for i, label in enumerate(labels)]
+
+
+def _follows(previous: Batch, batch: Batch) -> bool:
+    """Whether `batch` holds the rows right after `previous` in the same file, with the same columns."""
+    return (batch.source == previous.source and batch.first_row == previous.first_row + previous.num_rows
+            and batch.old_log_probs.dtype == previous.old_log_probs.dtype
+            and batch.rollout_log_probs.dtype == previous.rollout_log_probs.dtype
+            and (batch.steps is None) == (previous.steps is None)
+            and (batch.sequence_ids is None) == (previous.sequence_ids is None)
+            and batch.groups.keys() == previous.groups.keys() and batch.labels == previous.labels)
+
+
+def _check_group_count(column: str, known: dict[Any, Any], keys: np.ndarray) -> None:
+    """UsageError when this batch would take `--by column` past MAX_GROUPS, before any row is split off."""
+    unique = np.unique(keys)
+    if len(known) + len(unique) <= MAX_GROUPS:
+        return
+    new = len(unique) if len(unique) > MAX_GROUPS else sum(
+        (u.item() if isinstance(u, np.generic) else u) not in known for u in unique)
+    if len(known) + new > MAX_GROUPS:
+        raise UsageError(
+            f"--by {column}: more than {MAX_GROUPS} distinct values, each of which would be analyzed as its own "
+            "batch",
+            hint="group by a column with fewer distinct values (e.g. env_name, data_source, step)",
+        )
+
+
+def _group_keys(batch: Batch, column: str) -> np.ndarray:
+    values = batch.groups.get(column)
+    if values is None:
+        raise InputError(
+            f"no column {column!r} (asked for by --by {column}) in {batch.source}",
+            hint=f"group by a column every input has, or drop --by {column}",
+        )
+    return _labels(values)
+
+
+def describe_inputs(names: tuple[str, ...]) -> str:
+    """Name the input in a message: its path for one file, the count and the first for several."""
+    if not names:
+        return "the input"
+    if len(names) == 1:
+        return names[0]
+    return f"the {len(names)} input files (first: {names[0]})"
+
+
+class Analysis:
+    """The whole engine state of one analysis: update with Batches, merge partial states, then finish.
+
+    A partial state built on one shard (a Ray task, a file) merges into another exactly as if both
+    shards had been streamed through one state, so the local and distributed engines agree.
+    """
+
+    def __init__(self, correction: ResolvedCorrection, device: torch.device, dtype: str = "float32",
+                 by_step: bool = False, rounds: bool = True, group_by: tuple[str, ...] = (),
+                 bootstrap: int = DEFAULT_REPLICATES, extras: bool = True) -> None:
+        if dtype not in DTYPES:
+            raise UsageError(f"unknown dtype '{dtype}'", hint="use float32 or float64")
+        self.correction = correction
+        self.device = device
+        self.dtype = dtype
+        self.by_step = by_step
+        self.rounds = rounds
+        self.group_by = group_by
+        self.overall = BatchAccumulator(correction, device, rounds, extras=extras, bootstrap=bootstrap)
+        # xtuner computes per pack (one input file here) and merges packs; keep one family state per file.
+        self.per_pack = correction.family_spec is not None and correction.family_spec.per_pack
+        self.packs: dict[str, FamilyAccumulator] = {}
+        self.per_step: dict[int, BatchAccumulator] = {}
+        self.per_group: dict[str, dict[Any, BatchAccumulator]] = {column: {} for column in group_by}
+        self.sources: dict[str, SourceStats] = {}
+        self.any_rows = False
+        # On a GPU, consecutive reader batches of one file are joined into chunks of up to
+        # DEVICE_CHUNK_POSITIONS positions before they go to the device; the CPU folds each as it comes.
+        self.join_batches = device.type != "cpu"
+        self.chunk_positions = DEVICE_CHUNK_POSITIONS if self.join_batches else MAX_CHUNK_POSITIONS
+        self._held: list[Batch] = []
+        self._held_positions = 0
+
+    def _breakdown(self) -> BatchAccumulator:
+        # Steps and groups report metrics and rounds only: no what-if, worst sequences or intervals.
+        return BatchAccumulator(self.correction, self.device, self.rounds, extras=False, bootstrap=0)
+
+    def update(self, whole: Batch) -> None:
+        """Fold one reader batch (whole sequences) into every accumulator (on a GPU, possibly at a later call)."""
+        if not self.join_batches:
+            self._fold(whole)
+            return
+        if self._held and (not _follows(self._held[-1], whole)
+                           or self._held_positions + whole.num_positions > self.chunk_positions):
+            self.flush()
+        self._held.append(whole)
+        self._held_positions += whole.num_positions
+        if self._held_positions >= self.chunk_positions:
+            self.flush()
+
+    def flush(self) -> None:
+        """Fold the reader batches held back for a larger device chunk."""
+        if self._held:
+            held, self._held, self._held_positions = self._held, [], 0
+            self._fold(concat_rows(held))
+
+    def _fold(self, whole: Batch) -> None:
+        compute_dtype = DTYPES[self.dtype]
+        for batch in bounded(whole, self.chunk_positions):
+            if batch.num_rows:
+                self.fold(batch, make_chunk(batch, self.device, compute_dtype))
+
+    def fold(self, batch: Batch, chunk: Chunk) -> None:
+        """Fold one bounded batch whose chunk is already made (several analyses may share one chunk)."""
+        compute_dtype = DTYPES[self.dtype]
+        self.any_rows = True
+        self.overall.update(chunk)
+        if self.per_pack:
+            pack = self.packs.setdefault(batch.source, FamilyAccumulator(self.correction.family_spec, self.device))
+            pack.update(chunk, ChunkDecisions())
+        stats = self.sources.setdefault(batch.source, SourceStats())
+        stats.add(batch.num_rows, chunk.quality)
+        wanted = stats.wanted_examples(chunk.quality)
+        if wanted:  # only chunks with flagged tokens pay for this, until the examples are collected
+            stats.add_examples(quality_examples(batch, wanted, EXAMPLES_PER_CATEGORY))
+        if self.by_step and batch.steps is not None:
+            for step, part in _split_rows(batch, batch.steps):
+                if step not in self.per_step:
+                    self.per_step[step] = self._breakdown()
+                self.per_step[step].update(chunk if part is batch else make_chunk(part, self.device,
+                                                                                  compute_dtype))
+        for column in self.group_by:
+            accumulators = self.per_group[column]
+            keys = _group_keys(batch, column)
+            _check_group_count(column, accumulators, keys)
+            for label, part in _split_rows(batch, keys):
+                if label not in accumulators:
+                    accumulators[label] = self._breakdown()
+                accumulators[label].update(chunk if part is batch else make_chunk(part, self.device,
+                                                                                  compute_dtype))
+
+    def merge(self, other: Analysis) -> None:
+        """Fold a partial state built on another shard of the same input into this one."""
+        self.flush()
+        other.flush()
+        self.any_rows |= other.any_rows
+        self.overall.merge(other.overall)
+        for source, pack in other.packs.items():
+            if source in self.packs:
+                self.packs[source].merge(pack)
+            else:
+                self.packs[source] = pack
+        for step, accumulator in other.per_step.items():
+            if step in self.per_step:
+                self.per_step[step].merge(accumulator)
+            else:
+                self.per_step[step] = accumulator
+        for column, accumulators in other.per_group.items():
+            mine = self.per_group.setdefault(column, {})
+            for label, accumulator in accumulators.items():
+                if label in mine:
+                    mine[label].merge(accumulator)
+                else:
+                    mine[label] = accumulator
+        for source, stats in other.sources.items():
+            target = self.sources.setdefault(source, SourceStats())
+            target.add(stats.sequences, stats.quality)
+            target.add_examples(stats.examples)
+
+    def finish(self, source_names: tuple[str, ...] = ()) -> EngineResult:
+        """Compute every metric; raise when the input as a whole has no row or no valid token."""
+        self.flush()
+        correction = self.correction
+        names = source_names or tuple(self.sources)
+        if not self.any_rows:
+            raise DataError(
+                f"{describe_inputs(names)} has no rows",
+                hint="check that the dump files are not empty",
+            )
+        result = self.overall.compute()
+        spec = correction.family_spec
+        if len(self.packs) > 1 and spec is not None:
+            merged = merge_xtuner_packs([pack.compute().family for pack in self.packs.values()],
+                                        valid_only=spec.merge_valid_packs_only)
+            result.metrics = {k: v for k, v in result.metrics.items() if not k.startswith(spec.prefix)}
+            result.metrics.update({k: v if math.isfinite(v) else None for k, v in merged.items()})
+            result.notes.append(f"xtuner metrics merged over {len(self.packs)} packs (one per input file) as "
+                                "merge_rollout_is_metrics does: mean, or max / min for max / min keys, in float32")
+        if result.valid_tokens == 0 and not self.per_pack:
+            raise DataError(
+                f"no valid token in {describe_inputs(names)}: every response_mask value is 0 (or every masked-in "
+                "log-prob is NaN/inf/sentinel), so there is nothing to measure (verl raises ValueError here)",
+                hint="check the mask column (--column response_mask=NAME) or the dump itself",
+            )
+        if result.icepop_rejects_all:
+            threshold = correction.is_threshold
+            what = (f"the IcePop band {threshold.lower:g}_{threshold.upper:g} rejects every valid token's IS weight"
+                    if threshold.lower is not None else f"the TIS bound {threshold.upper:g} truncates every valid "
+                    "token's IS weight to 0 (it is below float32's range)")
+            raise ConfigError(
+                f"{what}, so the effective sample size is undefined (verl crashes with ZeroDivisionError here)",
+                hint="widen --is-threshold (e.g. 0.5_5.0 or 2.0)",
+            )
+        steps = {step: acc.compute() for step, acc in sorted(self.per_step.items())}
+        groups = {
+            column: {label: acc.compute() for label, acc in sorted(accumulators.items(), key=_label_order)}
+            for column, accumulators in self.per_group.items()
+        }
+        return EngineResult(overall=result, steps=steps, sources=self.sources, device=str(self.device),
+                            dtype=self.dtype, groups=groups)
+
+
+def run(
+    batches: Iterable[Batch],
+    correction: ResolvedCorrection,
+    device: str = "auto",
+    dtype: str = "float32",
+    by_step: bool = False,
+    threads: int | None = 1,
+    source_names: tuple[str, ...] = (),
+    rounds: bool = True,
+    group_by: tuple[str, ...] = (),
+    bootstrap: int = DEFAULT_REPLICATES,
+) -> EngineResult:
+    """Stream batches through the accumulators; raise when the input as a whole has no valid token.
+
+    `by_step` also computes every step as its own batch, `group_by` every value of each named column
+    (`Batch.groups`); each group is a full batch of its own, so token means of the groups combine to the
+    overall token mean with the groups' valid-token counts as weights.
+    """
+    if threads:
+        torch.set_num_threads(threads)
+    analysis = Analysis(correction, resolve_device(device), dtype, by_step, rounds, group_by, bootstrap)
+    for batch in batches:
+        analysis.update(batch)
+    return analysis.finish(source_names)
+
+
+def _label_order(item: tuple[Any, Any]) -> tuple[bool, Any]:
+    # Labels of one column are all int or all str, except when inputs disagree: ints first then.
+    label = item[0]
+    return (isinstance(label, str), label if isinstance(label, str) else int(label))

@@ -1,0 +1,135 @@
+"""The single tokens a cause names: the largest |delta| and the largest delta = old - rollout, each placed in its dump.
+
+Two tokens, because the metrics that fail are carried by different ones: NeMo-RL's token_mult_prob_error
+sums exp|delta|, so its largest term is the largest |delta| on either side; chi2_token, the ESS and the IS
+weights sum ratio^2 = exp(2 delta), so theirs is the largest positive delta (old >> rollout), and a token with
+delta << 0 adds almost nothing (ratio^2 < 1). Per chunk each is one argmax on the device; the candidates are
+read on the host once every PENDING chunks. Ties go to the lowest (file, row, position), so the result does
+not depend on how the dump is chunked or sharded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.ops import numpy_kernels
+from mismatch_cli.engine.state import F64
+
+PENDING = 16  # chunks' candidates kept before one host read resolves them
+# table key -> the score it maximizes (a key of the placed entry)
+KINDS = {"worst_token": "abs_log_ratio", "max_log_ratio_token": "log_ratio"}
+
+
+class WorstTokens:
+    """The token with the largest |delta| and the one with the largest delta, with file, row, position and round."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[torch.Tensor, dict[str, Any]]] = []
+        self.best: dict[str, dict[str, Any] | None] = dict.fromkeys(KINDS)
+
+    def update(self, chunk: Chunk) -> None:
+        """Keep the chunk's two candidates (device scalars) and what places them; resolve every PENDING chunks."""
+        values = self._host_picks(chunk) if numpy_kernels(chunk.log_ratio) else self._device_picks(chunk)
+        # Only the host arrays that place a token (no per-token tensor is kept alive).
+        layout = chunk.layout
+        meta = {"file": chunk.source, "first_row": chunk.first_row, "offsets": chunk.offsets,
+                "valid": layout.keep if layout is not None else None,
+                "starts": layout.starts if layout is not None else None,
+                "steps": chunk.steps, "ids": chunk.sequence_ids,
+                "lengths": chunk.lengths if chunk.offsets is None or layout is None else None}
+        self.pending.append((values, meta))
+        if len(self.pending) >= PENDING:
+            self.resolve()
+
+    @staticmethod
+    def _host_picks(chunk: Chunk) -> torch.Tensor:
+        """Per kind: token index, delta, old, rollout (float64 [2 * 4]), with numpy's argmax (~20x torch's)."""
+        delta = chunk.log_ratio
+        picks = [int(chunk.worst_token[0]), int(np.argmax(delta.numpy()))]
+        return torch.tensor([float(x) for token in picks
+                             for x in (token, delta[token], chunk.old[token], chunk.rollout[token])], dtype=F64)
+
+    @staticmethod
+    def _device_picks(chunk: Chunk) -> torch.Tensor:
+        """The same with torch's kernels, left on the device (the first of equal maxima, as numpy's)."""
+        delta = chunk.log_ratio
+        at = torch.cat([chunk.worst_token, torch.argmax(delta).reshape(1)])
+        return torch.stack([at.to(F64), delta.index_select(0, at).to(F64), chunk.old.index_select(0, at).to(F64),
+                            chunk.rollout.index_select(0, at).to(F64)], dim=1).flatten()
+
+    def resolve(self) -> None:
+        """Read the pending candidates (one host sync) and keep the best token of each kind found so far."""
+        if not self.pending:
+            return
+        values = torch.stack([v for v, _ in self.pending]).cpu().numpy().reshape(len(self.pending), len(KINDS), 4)
+        for kind_index, (kind, score) in enumerate(KINDS.items()):
+            picks = values[:, kind_index]
+            scores = np.abs(picks[:, 1]) if score == "abs_log_ratio" else picks[:, 1]
+            # Placing a token reads its chunk's layout on the host (O(positions)); only the candidates with the
+            # best score can win (ties are settled by file, row and position), so only they are placed.
+            best = scores.max()
+            current = self.best[kind]
+            if current is not None:
+                best = max(best, current[score])
+            for (token, delta, old, rollout), value, (_, meta) in zip(picks, scores, self.pending, strict=True):
+                if value < best:
+                    continue
+                entry = _place(meta, int(token))
+                entry.update(abs_log_ratio=abs(float(delta)), log_ratio=float(delta), old_log_prob=float(old),
+                             rollout_log_prob=float(rollout))
+                self.offer(kind, entry)
+        self.pending = []
+
+    def offer(self, kind: str, entry: dict[str, Any]) -> None:
+        """Keep `entry` as the `kind` token if it scores higher (or ties and comes first in the dump)."""
+        score = KINDS[kind]
+
+        def order(e: dict[str, Any]) -> tuple[float, str, int, int]:
+            return (-e[score], e["file"], e["row"], e["position"])
+
+        current = self.best[kind]
+        if current is None or order(entry) < order(current):
+            self.best[kind] = entry
+
+    def merge(self, other: WorstTokens) -> None:
+        """Fold another shard's tokens in."""
+        other.resolve()
+        for kind, entry in other.best.items():
+            if entry is not None:
+                self.offer(kind, entry)
+
+    def compute(self) -> dict[str, dict[str, Any] | None]:
+        """Each kind's token as a fresh dict (None before any token)."""
+        self.resolve()
+        return {kind: dict(entry) if entry is not None else None for kind, entry in self.best.items()}
+
+
+def _place(meta: dict[str, Any], token: int) -> dict[str, Any]:
+    """File, row, position within the row, round, step and id of a chunk's `token`-th valid token (host)."""
+    if meta["lengths"] is not None:
+        lengths = meta["lengths"].cpu().numpy()
+        ends = np.cumsum(lengths)
+        row = int(np.searchsorted(ends, token, side="right"))
+        position, round_index = token - int(ends[row] - lengths[row]), None
+    else:
+        # Device tensors of the chunk's layout: read here, at a resolve (already a host sync), never per chunk.
+        offsets, valid, starts = meta["offsets"], meta["valid"].cpu().numpy(), meta["starts"].cpu().numpy()
+        kept_before = np.concatenate(([0], np.cumsum(valid, dtype=np.int64)))
+        row = int(np.searchsorted(kept_before[offsets], token, side="right")) - 1
+        start, stop = int(offsets[row]), int(offsets[row + 1])
+        within = token - int(kept_before[start])
+        position = int(np.flatnonzero(valid[start:stop])[within])
+        round_index = int(starts[start:start + position + 1].sum()) - 1
+    entry: dict[str, Any] = {"file": meta["file"], "row": meta["first_row"] + row, "position": position,
+                             "round": round_index, "step": None if meta["steps"] is None else int(meta["steps"][row])}
+    if meta["ids"] is not None:
+        value = meta["ids"][row]
+        entry["id"] = value.item() if isinstance(value, np.generic) else value
+    return entry
+
+
+__all__ = ["KINDS", "WorstTokens"]

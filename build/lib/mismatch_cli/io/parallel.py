@@ -1,0 +1,150 @@
+"""Read ahead on a few threads (pyarrow releases the GIL), yielding batches in input order.
+
+Work is cut into items (a parquet file's row groups in runs, or a whole file of another format); up to
+`workers` items are read at once, each into a bounded queue, and the consumer drains them in order, so
+results are identical to a serial read and memory stays bounded by workers x depth batches.
+
+Cancellation always reaches the readers: every hand-over to the consumer waits with a timeout and
+gives up once the consumer has stopped (an error, a signal, the iterator closed), and the
+reader threads are daemons, so no blocked reader can keep the process from exiting.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from mismatch_cli.batch import Batch
+from mismatch_cli.io.discover import sha256_file
+from mismatch_cli.io.options import ReadOptions
+from mismatch_cli.io.parquet import row_group_count
+
+ROW_GROUPS_PER_ITEM = 2
+_DONE = object()
+_FINISHED: queue.Queue = queue.Queue()
+_POLL_S = 0.05
+_JOIN_S = 5.0
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One unit of reading: a file, or a run of a parquet file's row groups."""
+
+    path: str
+    format: str
+    row_groups: tuple[int, ...] | None = None
+
+
+def plan(files: Sequence, row_groups_per_item: int = ROW_GROUPS_PER_ITEM) -> list[WorkItem]:
+    """Cut the inputs into work items, in input order."""
+    items: list[WorkItem] = []
+    for file in files:
+        count = row_group_count(file.path) if file.format == "parquet" else 0
+        if count > row_groups_per_item:
+            for start in range(0, count, row_groups_per_item):
+                items.append(WorkItem(file.path, file.format, tuple(range(start, min(start + row_groups_per_item,
+                                                                                     count)))))
+        else:
+            items.append(WorkItem(file.path, file.format))
+    return items
+
+
+def iter_batches_parallel(files: Sequence, options: ReadOptions,
+                          read_file: Callable[..., Iterator[Batch]],
+                          workers: int = 2, depth: int = 4) -> Iterator[Batch]:
+    """Every input's Batches in input order, read ahead by `workers` threads.
+
+    `read_file(path, format, options[, row_groups])` is the package's read path (decoder, then validator), so
+    every Batch handed over here is checked; a parquet item's row groups are passed as a fourth argument.
+    """
+    items = plan(files)
+    stop = threading.Event()
+
+    def hand_over(out: queue.Queue, value: object) -> bool:
+        # Never block for good: a consumer that stopped reading will not drain this queue.
+        while not stop.is_set():
+            try:
+                out.put(value, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def fill(item: WorkItem, out: queue.Queue) -> None:
+        try:
+            source = (read_file(item.path, item.format, options) if item.row_groups is None
+                      else read_file(item.path, item.format, options, item.row_groups))
+            try:
+                for batch in source:
+                    if not hand_over(out, batch):
+                        return
+            finally:
+                close = getattr(source, "close", None)
+                if close is not None:
+                    close()  # the reader's files are closed as soon as it stops, not when it is collected
+            hand_over(out, _DONE)
+        except BaseException as exc:  # handed to the consumer, which re-raises it in order
+            hand_over(out, exc)
+
+    queues: list[queue.Queue] = []
+    threads: list[threading.Thread] = []
+    try:
+        for index in range(len(items)):
+            while len(queues) < min(index + workers, len(items)):
+                q: queue.Queue = queue.Queue(maxsize=depth)
+                thread = threading.Thread(target=fill, args=(items[len(queues)], q), daemon=True,
+                                          name=f"mismatch-read-{len(queues)}")
+                thread.start()
+                queues.append(q)
+                threads.append(thread)
+            current = queues[index]
+            while True:
+                value = current.get()
+                if value is _DONE:
+                    break
+                if isinstance(value, BaseException):
+                    raise value
+                yield value
+            queues[index] = _FINISHED  # drop the drained queue (and its thread) as we go
+    finally:
+        stop.set()
+        deadline = time.monotonic() + _JOIN_S
+        for thread in threads:
+            # Readers notice `stop` within one batch; a reader stuck in a system call is a daemon and
+            # cannot hold the exit.
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class BackgroundHashes:
+    """SHA-256 of files on a daemon thread (hashlib releases the GIL); `cancel()` stops it within one block."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self._stop = threading.Event()
+        self._digests: dict[str, str] = {}
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(list(paths),), daemon=True, name="mismatch-hash")
+        self._thread.start()
+
+    def _run(self, paths: list[str]) -> None:
+        try:
+            for path in paths:
+                digest = sha256_file(path, self._stop)
+                if digest is None:
+                    return
+                self._digests[path] = digest
+        except BaseException as exc:  # re-raised by result()
+            self._error = exc
+
+    def result(self) -> dict[str, str]:
+        """Wait for every digest (path -> hex); re-raise the error that stopped the hashing."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return dict(self._digests)
+
+    def cancel(self) -> None:
+        """Stop hashing, without waiting."""
+        self._stop.set()

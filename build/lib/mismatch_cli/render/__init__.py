@@ -1,0 +1,1 @@
+"""Renderers: finished reports in, tables / Markdown / JSON out. They compute nothing."""

@@ -1,0 +1,30 @@
+"""What every plot shares: the Agg backend, the palette, and PNG bytes without a timestamp."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+COLORS = {"data": "#3465a4", "second": "#e07b00", "band": "#cc0000", "catastrophic": "#5c0000", "muted": "#888888"}
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def png_bytes(fig: Any) -> bytes:
+    """The figure as PNG bytes (tight layout, no software stamp), then closed."""
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png", metadata={"Software": None}, bbox_inches="tight", pad_inches=0.15)
+    pyplot().close(fig)
+    return buffer.getvalue()
+
+
+__all__ = ["COLORS", "png_bytes", "pyplot"]
