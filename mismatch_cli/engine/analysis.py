@@ -49,6 +49,11 @@ class BatchResult:
     notes: list[str] = field(default_factory=list)
 
 
+# Update order: the deciders (IS, RS, the older family) before the accumulators reading their decisions.
+ACCUMULATORS = ("importance", "rejection", "family", "trainer", "offpolicy", "diagnostics", "what_if", "worst",
+                "signatures", "bootstrap", "rounds")
+
+
 class BatchAccumulator:
     """Everything computed for one batch (the whole dump, or one step): mergeable, fixed size.
 
@@ -91,17 +96,31 @@ class BatchAccumulator:
             else None
         )
         self.rounds = RoundsAccumulator(device) if rounds else None
-        # Update order: the deciders (IS, RS, the older family) before the accumulators reading their decisions.
-        ordered = (self.importance, self.rejection, self.family, self.trainer, self.offpolicy, self.diagnostics,
-                   self.what_if, self.worst, self.signatures, self.bootstrap, self.rounds)
+        ordered = tuple(getattr(self, name) for name in ACCUMULATORS)
         self.accumulators: list[Accumulator] = [a for a in ordered if a is not None]
         check_order(self.accumulators)
 
-    def update(self, chunk: Chunk) -> None:
-        """Fold one chunk of whole sequences into every family's state."""
+    def update(self, chunk: Chunk) -> ChunkDecisions:
+        """Fold one chunk of whole sequences into every family's state; returns what the deciders decided."""
         decisions = ChunkDecisions()
         for accumulator in self.accumulators:
             accumulator.update(chunk, decisions)
+        return decisions
+
+    def update_from(self, chunk: Chunk, part: BatchAccumulator, decisions: ChunkDecisions) -> None:
+        """Fold a chunk that `part` (the same configuration, fewer accumulators) has already folded on its own.
+
+        Its accumulators' states merge in, as a shard's would, instead of redoing their per-token work; the
+        ones `part` lacks (the extras) update from the chunk with the decisions `part`'s deciders made.
+        """
+        for name in ACCUMULATORS:
+            mine, theirs = getattr(self, name), getattr(part, name)
+            if mine is None:
+                continue
+            if theirs is not None:
+                mine.merge(theirs)
+            else:
+                mine.update(chunk, decisions)
 
     def merge(self, other: BatchAccumulator) -> None:
         """Fold the state of another shard of the same batch into this one."""

@@ -217,9 +217,17 @@ class Analysis:
 
     def fold(self, batch: Batch, chunk: Chunk) -> None:
         """Fold one bounded batch whose chunk is already made (several analyses may share one chunk)."""
-        compute_dtype = DTYPES[self.dtype]
         self.any_rows = True
-        self.overall.update(chunk)
+        whole, parts = self._breakdowns(batch)
+        if whole:
+            # The chunk lies in one step (or group): its per-token work is done once, in a fresh breakdown
+            # state that then merges into the step's state and the overall one, as a shard's state would.
+            shared = self._breakdown()
+            self.overall.update_from(chunk, shared, shared.update(chunk))
+            for accumulator in whole:
+                accumulator.merge(shared)
+        else:
+            self.overall.update(chunk)
         if self.per_pack:
             pack = self.packs.setdefault(batch.source, FamilyAccumulator(self.correction.family_spec, self.device))
             pack.update(chunk, ChunkDecisions())
@@ -228,21 +236,31 @@ class Analysis:
         wanted = stats.wanted_examples(chunk.quality)
         if wanted:  # only chunks with flagged tokens pay for this, until the examples are collected
             stats.add_examples(quality_examples(batch, wanted, EXAMPLES_PER_CATEGORY))
+        compute_dtype = DTYPES[self.dtype]
+        for accumulator, part in parts:
+            accumulator.update(make_chunk(part, self.device, compute_dtype))
+
+    def _breakdowns(self, batch: Batch) -> tuple[list[BatchAccumulator], list[tuple[BatchAccumulator, Batch]]]:
+        """The per-step and per-group states the batch's rows go to: those taking every row, and the others
+        with their rows."""
+        split: list[tuple[dict[Any, BatchAccumulator], list[tuple[Any, Batch]]]] = []
         if self.by_step and batch.steps is not None:
-            for step, part in _split_rows(batch, batch.steps):
-                if step not in self.per_step:
-                    self.per_step[step] = self._breakdown()
-                self.per_step[step].update(chunk if part is batch else make_chunk(part, self.device,
-                                                                                  compute_dtype))
+            split.append((self.per_step, _split_rows(batch, batch.steps)))
         for column in self.group_by:
-            accumulators = self.per_group[column]
             keys = _group_keys(batch, column)
-            _check_group_count(column, accumulators, keys)
-            for label, part in _split_rows(batch, keys):
+            _check_group_count(column, self.per_group[column], keys)
+            split.append((self.per_group[column], _split_rows(batch, keys)))
+        whole: list[BatchAccumulator] = []
+        parts: list[tuple[BatchAccumulator, Batch]] = []
+        for accumulators, labelled in split:
+            for label, part in labelled:
                 if label not in accumulators:
                     accumulators[label] = self._breakdown()
-                accumulators[label].update(chunk if part is batch else make_chunk(part, self.device,
-                                                                                  compute_dtype))
+                if part is batch:
+                    whole.append(accumulators[label])
+                else:
+                    parts.append((accumulators[label], part))
+        return whole, parts
 
     def merge(self, other: Analysis) -> None:
         """Fold a partial state built on another shard of the same input into this one."""
