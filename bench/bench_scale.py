@@ -1,14 +1,15 @@
 """Scale benchmark: `mismatch analyze` against pyarrow's own read speed, and a padded-tensor reference.
 
-    python bench/bench_scale.py [--tokens 50000000 200000000] [--repeats 2] [--workdir /tmp/mismatch-bench]
+    python bench/bench_scale.py [--tokens 50000000 200000000] [--turns 1 4] [--steps 10] [--repeats 2]
+                                [--workdir /tmp/mismatch-bench]
 
-For each size it makes single- and multi-turn dumps with `mismatch synth` (kept in --workdir for
-reuse), then runs, alternating, each in a fresh process (so start-up and imports count, as a user
-sees them):
+For each size it makes single- and multi-turn dumps with `mismatch synth` (rows spread over --steps
+training steps; kept in --workdir for reuse), then runs, alternating, each in a fresh process (so
+start-up and imports count, as a user sees them):
   (a) pyarrow alone reading and flattening the three columns,
   (b) `mismatch analyze` with the default configuration,
-  (c) `mismatch analyze` with a full configuration (token IS + two RS options; rounds and
-      diagnostics are always on),
+  (c) `mismatch analyze` with the full configuration of issue 23: token IS with batch normalization,
+      three RS options and `--by step` (rounds and diagnostics are always on),
   (d) a padded [B, T] torch reference computing verl's off-policy metrics the way a trainer does
       (skipped above --padded-limit tokens: it needs ~180 bytes per token).
 It prints wall time, tokens/s, peak RSS, CPU time and the ratios (b)/(a), (c)/(a) as a Markdown table.
@@ -56,7 +57,8 @@ row = (old * mask).sum(-1) / (mask.sum(-1) + 1e-8)
 print(float(kl), float(k3), float(chi2), float(torch.exp(-row).mean()))
 """
 
-FULL = ["--is", "token", "--is-threshold", "2.0", "--rs", "seq_mean_k1,token_k3", "--rs-threshold", "0.999_1.001,0.5"]
+FULL = ["--is", "token", "--is-threshold", "2.0", "--is-batch-normalize", "--rs", "seq_mean_k1,token_k3,seq_max_k2",
+        "--rs-threshold", "0.999_1.001,0.5,2.0", "--by", "step"]
 
 
 def measure(command: list[str]) -> tuple[float, float, float]:
@@ -70,16 +72,18 @@ def measure(command: list[str]) -> tuple[float, float, float]:
     return elapsed, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
-def make_dump(path: Path, tokens: int, turns: int) -> None:
+def make_dump(path: Path, tokens: int, turns: int, steps: int) -> None:
     if path.exists():
         return
     subprocess.run([sys.executable, "-m", "mismatch_cli", "synth", str(path), "--tokens", str(tokens),
-                    "--turns", str(turns), "--seed", "7"], check=True)
+                    "--turns", str(turns), "--steps", str(steps), "--seed", "7"], check=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, nargs="+", default=[50_000_000, 200_000_000])
+    parser.add_argument("--turns", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/mismatch-bench"))
     parser.add_argument("--padded-limit", type=int, default=60_000_000)
@@ -89,9 +93,9 @@ def main() -> None:
     python = sys.executable
     rows = []
     for tokens in args.tokens:
-        for turns in (1, 4):
-            dump = args.workdir / f"dump_{tokens // 1_000_000}M_{turns}turn.parquet"
-            make_dump(dump, tokens, turns)
+        for turns in args.turns:
+            dump = args.workdir / f"dump_{tokens // 1_000_000}M_{turns}turn_{args.steps}steps.parquet"
+            make_dump(dump, tokens, turns, args.steps)
             runs = {
                 "a": [python, "-c", READ_ONLY, str(dump)],
                 "b": [python, "-m", "mismatch_cli", "analyze", str(dump), "--format", "json", "-o", os.devnull,
