@@ -71,6 +71,7 @@ def analyze(
     `on_batch`, when given, sees every Batch as it is read (e.g. to drive a progress bar).
     """
     from mismatch_cli.engine.runner import run  # torch is imported only when analysis really runs
+    from mismatch_cli.engine.sweep import worth_it
 
     correction = correction or CorrectionConfig()
     if not isinstance(correction, CorrectionConfig):
@@ -110,7 +111,8 @@ def analyze(
             with closing(iter_batches(files, read_options, workers=read_workers)) as batches:
                 observed = _observed(batches, on_batch) if on_batch is not None else batches
                 result = run(observed, resolved, device=device, dtype=dtype, by_step=by_step, source_names=names,
-                             rounds=rounds, group_by=group_by, bootstrap=bootstrap)
+                             rounds=rounds, group_by=group_by, bootstrap=bootstrap,
+                             fused=worth_it(sum(f.bytes for f in files)))
         else:
             raise UsageError(f"unknown engine '{engine}'", hint="use local or ray")
     except BaseException:

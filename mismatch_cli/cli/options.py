@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -18,7 +19,11 @@ from mismatch_cli.gate.thresholds import RULE_HELP
 F = TypeVar("F", bound=Callable[..., Any])
 
 QUIET_HELP = "Quiet: no progress, no warnings, no notes; only the requested output and errors."
-QuietOpt = Annotated[bool, typer.Option("-q", "--quiet", help=QUIET_HELP)]
+
+
+# -q also silences the library's notices on stderr (the fused CPU sweep's one-time compile line).
+QuietOpt = Annotated[bool, typer.Option("-q", "--quiet", help=QUIET_HELP, callback=lambda quiet: logging.getLogger(
+    "mismatch_cli").setLevel(logging.ERROR if quiet else logging.NOTSET) or quiet)]
 
 
 class OutputFormat(str, enum.Enum):

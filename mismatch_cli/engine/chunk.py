@@ -15,6 +15,7 @@ from mismatch_cli.batch import Batch
 from mismatch_cli.correction import SAFETY_BOUND
 from mismatch_cli.engine.formulas import chi2_seq_terms, chi2_token_terms
 from mismatch_cli.engine.ops import (
+    MAX_CHUNK_POSITIONS,
     count,
     flag_indices,
     isfinite,
@@ -31,7 +32,6 @@ from mismatch_cli.engine.state import F64
 # Fill values such as -9999 (or -1e4, finfo.min) are no log-prob of a sampled token; -9000 also
 # catches -9999 after bf16 rounding (-9984).
 SENTINEL_LOGPROB = -9000.0
-MAX_CHUNK_POSITIONS = 1 << 20  # bounds every per-token temporary to a few MB
 # On a GPU a 1M-position chunk costs more in kernel launches and Python than in kernels: 4M-position
 # chunks measured 1.5x the throughput on an H100 (docs/performance.md) and keep temporaries small.
 DEVICE_CHUNK_POSITIONS = 1 << 22
@@ -63,6 +63,9 @@ class Chunk:
     # The dump's per-token advantages (compute dtype) of the valid tokens, and of every position; None without.
     advantages: torch.Tensor | None = None
     position_advantages: torch.Tensor | None = field(default=None, repr=False)
+    fused: bool = False  # take the per-token sums from the fused CPU sweep where it runs (engine/sweep.py)
+    # Results several accumulators share, by name (e.g. the fused sweep's token sums, signatures.token_sums).
+    shared: dict[str, Any] = field(default_factory=dict, repr=False)
     # Per-row sums already taken, by the id of the per-token tensor (kept alive with it).
     _row_sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
     _totals: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
@@ -314,7 +317,7 @@ def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return tensor.to(device)
 
 
-def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype) -> Chunk:
+def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype, fused: bool = False) -> Chunk:
     """Move a batch's raw positions to the device once, and select its valid tokens there in the compute dtype.
 
     Data-quality flags, row lengths and round starts are computed on the device; their counts come
@@ -364,6 +367,7 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype) -> Chunk:
         positions=positions,
         advantages=None if advantages is None else advantages.to(dtype),
         position_advantages=position_advantages,
+        fused=fused,
     )
 
 

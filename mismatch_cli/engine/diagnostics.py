@@ -16,12 +16,14 @@ import numpy as np
 import torch
 
 from mismatch_cli.correction import SAFETY_BOUND
-from mismatch_cli.engine.chunk import MAX_CHUNK_POSITIONS, Chunk
+from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.formulas import ess
-from mismatch_cli.engine.ops import count, numpy_kernels, segment_sum
+from mismatch_cli.engine.ops import count, numpy_kernels, scratch, segment_sum
 from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution, finite_or_none
+from mismatch_cli.engine.signatures import token_sums
 from mismatch_cli.engine.sketch import NUM_BUCKETS, SHIFT
 from mismatch_cli.engine.state import F64, Reducer
+from mismatch_cli.engine.sweep import TokenSums
 
 SIGNED_LEVELS = (0.001, 0.01, 0.1, 0.5, 0.9, 0.99, 0.999)
 ABS_LEVELS = (0.5, 0.9, 0.99, 0.999, 0.9999)
@@ -92,22 +94,6 @@ def signed_histogram(sketch_counts: np.ndarray) -> dict[str, object]:
     }
 
 
-_SCRATCH: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
-
-
-def scratch(name: str, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A reused 1-D work buffer of `size` elements: fresh per-chunk temporaries cost page faults every time.
-
-    Updates run one at a time and never keep a buffer past their return, so all accumulators share them.
-    """
-    key = (name, dtype, device)
-    buffer = _SCRATCH.get(key)
-    if buffer is None or buffer.numel() < size:
-        buffer = torch.empty(max(size, MAX_CHUNK_POSITIONS), dtype=dtype, device=device)
-        _SCRATCH[key] = buffer
-    return buffer[:size]
-
-
 def signed_buckets(values: torch.Tensor) -> torch.Tensor:
     """Flat sketch index per value: the bucket of |value|, plus NUM_BUCKETS when the value is negative."""
     n, device = values.numel(), values.device
@@ -155,6 +141,14 @@ class PairSums:
         d.abs_()
         s.add("abs_d", d)
         s.max("max_abs_d", d.max())
+
+    def add(self, tokens: float, sums: dict[str, float]) -> None:
+        """Add one chunk's sums taken elsewhere (the fused sweep's x, d, xx, xd, dd, abs_d and max_abs_d)."""
+        s = self.state
+        s.add("n", tokens)
+        for name in ("x", "d", "xx", "xd", "dd", "abs_d"):
+            s.add(name, sums[name])
+        s.max("max_abs_d", sums["max_abs_d"])
 
     def merge(self, other: PairSums) -> None:
         """Fold another accumulator into this one."""
@@ -213,14 +207,18 @@ class PositionProfile:
                                       output_size=total_bins)
         first_bin = torch.cumsum(bins_per_row, 0) - bins_per_row
         index = torch.arange(total_bins, dtype=torch.int64, device=device) - first_bin[row]
-        start = offsets[row] + POSITION_BIN * index
-        end = torch.minimum(start + POSITION_BIN, offsets[row + 1])
-        kept_before = chunk.layout.kept_before
-        counts = kept_before[end] - kept_before[start]
+        start = offsets[row] + POSITION_BIN * index  # the pieces tile the chunk's positions
+        counts = chunk.layout.valid_from(start)
         sums = segment_sum(chunk.abs_log_ratio, counts, dtype=F64)
         self._grow(size)
         self.sums.index_add_(0, index, sums)
         self.tokens.index_add_(0, index, counts)
+
+    def add(self, sums: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Add one chunk's per-bin sums and tokens taken elsewhere (the fused sweep)."""
+        self._grow(sums.numel())
+        self.sums[: sums.numel()] += sums
+        self.tokens[: tokens.numel()] += tokens
 
     def merge(self, other: PositionProfile) -> None:
         """Add another profile's sums."""
@@ -254,31 +252,17 @@ class DiagnosticsAccumulator(Accumulator):
     def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
         """Fold one chunk of whole sequences into the state."""
         s = self.state
-        log_ratio = chunk.log_ratio
-        abs_log_ratio = chunk.abs_log_ratio
-        ratio = chunk.ratio_safe
         s.add("tokens", float(chunk.num_tokens))
         s.add("rows", float(chunk.num_rows))
         s.add("empty_rows", (~chunk.row_valid).sum())
-        s.add("sum_abs", chunk.total(abs_log_ratio))
-        s.add("sum_log_ratio", chunk.total(log_ratio))
-        n, dtype, device = chunk.num_tokens, log_ratio.dtype, log_ratio.device
-        negative = scratch("flag", n, torch.bool, device)
-        if numpy_kernels(device):  # numpy's comparison: ~6x torch's on one thread
-            np.less(log_ratio.numpy(), 0, out=negative.numpy())
+        fused = token_sums(chunk)
+        if fused is not None:
+            self._fused_token_sums(chunk, fused)
         else:
-            torch.lt(log_ratio, 0, out=negative)
-        s.add("negative", count(negative))
-        s.add("sum_exp_abs", _exp(abs_log_ratio, scratch("x", n, dtype, device)))
-        s.add("sum_ratio", ratio)
-        s.add("sum_ratio_sq", chunk.total(chunk.ratio_safe_sq))
-        for name in ("nonfinite_tokens", "sentinel_tokens"):
-            s.add(name, float(chunk.quality[name]))
+            self._token_sums(chunk)
         if chunk.num_tokens == 0:
             return
-        s.max("max_abs", abs_log_ratio.index_select(0, chunk.worst_token)[0])  # the argmax the signatures share
-        self.counts += torch.bincount(signed_buckets(log_ratio), minlength=2 * NUM_BUCKETS)
-        self.prob.update(chunk.old, chunk.rollout)
+        s.max("max_abs", chunk.abs_log_ratio.index_select(0, chunk.worst_token)[0])  # the signatures' argmax too
         # Kish ESS over valid rows of the sequence weights exp(clamp(S_i, +-20)).
         # Empty rows weigh 0 and fall in one extra bucket (no boolean selection: it would wait for the device).
         valid = chunk.row_valid
@@ -289,7 +273,42 @@ class DiagnosticsAccumulator(Accumulator):
         s.add("sum_row_weight_sq", row_weight.square())
         buckets = torch.where(valid, signed_buckets(row_log_ratio), 2 * NUM_BUCKETS)
         self.row_counts += torch.bincount(buckets, minlength=2 * NUM_BUCKETS + 1)[: 2 * NUM_BUCKETS]
+
+    def _token_sums(self, chunk: Chunk) -> None:
+        """The token sums, sketch counts, probability-space pair and position profile, pass by pass."""
+        s = self.state
+        log_ratio = chunk.log_ratio
+        abs_log_ratio = chunk.abs_log_ratio
+        s.add("sum_abs", chunk.total(abs_log_ratio))
+        s.add("sum_log_ratio", chunk.total(log_ratio))
+        n, dtype, device = chunk.num_tokens, log_ratio.dtype, log_ratio.device
+        negative = scratch("flag", n, torch.bool, device)
+        if numpy_kernels(device):  # numpy's comparison: ~6x torch's on one thread
+            np.less(log_ratio.numpy(), 0, out=negative.numpy())
+        else:
+            torch.lt(log_ratio, 0, out=negative)
+        s.add("negative", count(negative))
+        s.add("sum_exp_abs", _exp(abs_log_ratio, scratch("x", n, dtype, device)))
+        s.add("sum_ratio", chunk.ratio_safe)
+        s.add("sum_ratio_sq", chunk.total(chunk.ratio_safe_sq))
+        for name in ("nonfinite_tokens", "sentinel_tokens"):
+            s.add(name, float(chunk.quality[name]))
+        if n == 0:
+            return
+        self.counts += torch.bincount(signed_buckets(log_ratio), minlength=2 * NUM_BUCKETS)
+        self.prob.update(chunk.old, chunk.rollout)
         self.positions.update(chunk)
+
+    def _fused_token_sums(self, chunk: Chunk, fused: TokenSums) -> None:
+        """The same, from the chunk's fused sweep (signatures.token_sums)."""
+        s, sums = self.state, fused.sums
+        for name in ("sum_abs", "sum_log_ratio", "negative", "sum_exp_abs", "sum_ratio", "sum_ratio_sq"):
+            s.add(name, sums[name])
+        for name in ("nonfinite_tokens", "sentinel_tokens"):
+            s.add(name, float(chunk.quality[name]))
+        self.counts += fused.sketch
+        self.prob.add(float(chunk.num_tokens), sums)
+        self.positions.add(fused.position_sums, fused.position_tokens)
 
     def merge(self, other: DiagnosticsAccumulator) -> None:
         """Fold another accumulator into this one."""
@@ -370,4 +389,4 @@ def _or_nan(value: float | None) -> float:
 
 
 __all__ = ["DiagnosticsAccumulator", "PairSums", "PositionProfile", "bucket_values", "quantiles_from_counts",
-           "scratch", "signed_buckets", "signed_histogram"]
+           "signed_buckets", "signed_histogram"]

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 F64 = torch.float64
+MAX_CHUNK_POSITIONS = 1 << 20  # the CPU's chunk: bounds every per-token temporary to a few MB
 _NUMPY_ON_CPU = [True]
 
 
@@ -170,3 +171,19 @@ def isfinite(values: torch.Tensor) -> torch.Tensor:
     if numpy_kernels(values):
         return torch.from_numpy(np.isfinite(values.numpy()))
     return torch.isfinite(values)
+
+
+_SCRATCH: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def scratch(name: str, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A reused 1-D work buffer of `size` elements: fresh per-chunk temporaries cost page faults every time.
+
+    Updates run one at a time and never keep a buffer past their return, so all accumulators share them.
+    """
+    key = (name, dtype, device)
+    buffer = _SCRATCH.get(key)
+    if buffer is None or buffer.numel() < size:
+        buffer = torch.empty(max(size, MAX_CHUNK_POSITIONS), dtype=dtype, device=device)
+        _SCRATCH[key] = buffer
+    return buffer[:size]

@@ -185,6 +185,7 @@ class Analysis:
         self.chunk_positions = DEVICE_CHUNK_POSITIONS if self.join_batches else MAX_CHUNK_POSITIONS
         self._held: list[Batch] = []
         self._held_positions = 0
+        self.fused = False  # take the per-token sums from the fused CPU sweep where it runs (engine/sweep.py)
 
     def _breakdown(self) -> BatchAccumulator:
         # Steps and groups report metrics and rounds only: no what-if, worst sequences or intervals.
@@ -213,7 +214,7 @@ class Analysis:
         compute_dtype = DTYPES[self.dtype]
         for batch in bounded(whole, self.chunk_positions):
             if batch.num_rows:
-                self.fold(batch, make_chunk(batch, self.device, compute_dtype))
+                self.fold(batch, make_chunk(batch, self.device, compute_dtype, self.fused))
 
     def fold(self, batch: Batch, chunk: Chunk) -> None:
         """Fold one bounded batch whose chunk is already made (several analyses may share one chunk)."""
@@ -238,7 +239,7 @@ class Analysis:
             stats.add_examples(quality_examples(batch, wanted, EXAMPLES_PER_CATEGORY))
         compute_dtype = DTYPES[self.dtype]
         for accumulator, part in parts:
-            accumulator.update(make_chunk(part, self.device, compute_dtype))
+            accumulator.update(make_chunk(part, self.device, compute_dtype, self.fused))
 
     def _breakdowns(self, batch: Batch) -> tuple[list[BatchAccumulator], list[tuple[BatchAccumulator, Batch]]]:
         """The per-step and per-group states the batch's rows go to: those taking every row, and the others
@@ -344,16 +345,19 @@ def run(
     rounds: bool = True,
     group_by: tuple[str, ...] = (),
     bootstrap: int = DEFAULT_REPLICATES,
+    fused: bool = False,
 ) -> EngineResult:
     """Stream batches through the accumulators; raise when the input as a whole has no valid token.
 
     `by_step` also computes every step as its own batch, `group_by` every value of each named column
     (`Batch.groups`); each group is a full batch of its own, so token means of the groups combine to the
-    overall token mean with the groups' valid-token counts as weights.
+    overall token mean with the groups' valid-token counts as weights. `fused`: take the per-token sums
+    from the fused CPU sweep where it runs (engine/sweep.py; worth its start-up on large inputs only).
     """
     if threads:
         torch.set_num_threads(threads)
     analysis = Analysis(correction, resolve_device(device), dtype, by_step, rounds, group_by, bootstrap)
+    analysis.fused = fused
     for batch in batches:
         analysis.update(batch)
     return analysis.finish(source_names)

@@ -9,12 +9,11 @@ with the chunk's one combined count.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 import torch
 
-from mismatch_cli.engine.ops import count, exclusive_cumsum, flag_indices, segment_count
+from mismatch_cli.engine.ops import count, flag_indices, segment_count
 
 
 @dataclass(frozen=True)
@@ -60,12 +59,14 @@ class Layout:
         """Take the host's copy of the counts (from the chunk's one combined transfer)."""
         self.num_valid, self.num_runs, self.max_rounds = num_valid, num_runs, max_rounds
 
-    @cached_property
-    def kept_before(self) -> torch.Tensor:
-        """[P+1] int64: valid tokens before each position."""
-        if int(self.num_valid) == self.keep.numel():
-            return torch.arange(self.keep.numel() + 1, dtype=torch.int64, device=self.keep.device)
-        return exclusive_cumsum(self.keep)
+    def valid_from(self, bounds: torch.Tensor) -> torch.Tensor:
+        """int64 [K]: valid tokens from each of the increasing positions `bounds` up to the next (the last: to P)."""
+        positions = self.keep.numel()
+        lengths = torch.diff(bounds, prepend=bounds.new_zeros(1), append=bounds.new_full((1,), positions))
+        if int(self.num_valid) == positions:
+            return lengths[1:]
+        # One segment count over the pieces (a reduceat on the CPU), not a prefix count over every position.
+        return segment_count(self.keep, lengths)[1:]
 
     def runs(self) -> Runs:
         """Each run's row, round index from either end and valid tokens (sizes from the resolved counts)."""
@@ -76,8 +77,7 @@ class Layout:
         first_run = torch.cumsum(self.rounds_per_row, 0) - self.rounds_per_row
         index = torch.arange(count, dtype=torch.int64, device=device) - first_run[row]
         # Between a run's end and the next start every position is masked, so the next start bounds its tokens.
-        following = torch.cat([start[1:], start.new_full((1,), self.starts.numel())])
-        valid = self.kept_before[following] - self.kept_before[start]
+        valid = self.valid_from(start)
         return Runs(row=row, index=index, index_from_end=self.rounds_per_row[row] - 1 - index, valid_tokens=valid,
                     rounds_per_row=self.rounds_per_row, count=count, max_per_row=most)
 

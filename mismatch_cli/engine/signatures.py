@@ -23,11 +23,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from mismatch_cli.engine import sweep
 from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.diagnostics import scratch
-from mismatch_cli.engine.ops import numpy_kernels, total
+from mismatch_cli.engine.ops import numpy_kernels, scratch, total
 from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution, finite_or_none
 from mismatch_cli.engine.state import F64, Reducer
+from mismatch_cli.engine.sweep import TokenSums
 from mismatch_cli.engine.worst_token import WorstTokens
 
 # Octave buckets of |delta|: the float32 exponent field (a float64 one is mapped onto it, clamped), read from
@@ -78,6 +79,22 @@ def _host_octaves(delta: np.ndarray, device: torch.device) -> np.ndarray:
     return np.right_shift(delta.view(np.uint32), 23, out=out)  # unsigned: the sign bit lands on NUM_BUCKETS
 
 
+def token_sums(chunk: Chunk) -> TokenSums | None:
+    """The chunk's fused sweep, taken once for the diagnostics and the signatures (None: they take numpy's or
+    torch's passes)."""
+    if "token_sums" not in chunk.shared:
+        found = None
+        laid_out = chunk.layout is not None and chunk.offsets is not None
+        if chunk.num_tokens and laid_out and sweep.wanted(chunk.old, chunk.fused):
+            found = sweep.token_sums(
+                chunk.old.numpy(), chunk.rollout.numpy(), chunk.log_ratio.numpy(), chunk.abs_log_ratio.numpy(),
+                chunk.ratio_safe.numpy(), chunk.ratio_safe_sq.numpy(), chunk.lengths.numpy(), chunk.layout.keep.numpy(),
+                chunk.offsets,
+                FILL_LOG_RATIO, TAIL_NATS, SLOPE_BINS / SLOPE_RANGE, SLOPE_BINS)
+        chunk.shared["token_sums"] = found
+    return chunk.shared["token_sums"]
+
+
 def _row_starts(chunk: Chunk) -> torch.Tensor:
     """Bool [N + 1]: True at each row's first valid token (and at N), so pair (t, t+1) is in one row iff not [t+1]."""
     n = chunk.num_tokens
@@ -113,12 +130,29 @@ class SignaturesAccumulator(Accumulator):
         excess = chunk.log_ratio.clamp(max=RATIO_CAP_LOG).expm1_()  # min(ratio, e) - 1, exact near 0
         s.add("ratio_excess", excess)
         s.add("ratio_excess_sq", excess.mul_(excess))
-        self.tail_slopes += _tail_slopes(chunk.old, chunk.rollout)
-        if numpy_kernels(chunk.old):
+        fused = token_sums(chunk)
+        if fused is not None:
+            self.tail_slopes += fused.slopes
+            self._fused_sums(fused)
+        elif numpy_kernels(chunk.old):
+            self.tail_slopes += _tail_slopes(chunk.old, chunk.rollout)
             self._host_sums(chunk)
         else:
+            self.tail_slopes += _tail_slopes(chunk.old, chunk.rollout)
             self._device_sums(chunk)
         self.tokens.update(chunk)
+
+    def _fused_sums(self, fused: TokenSums) -> None:
+        """The same sums, from the chunk's fused sweep."""
+        s, sums = self.state, fused.sums
+        self.buckets += fused.octaves
+        for name in ("bitwise_equal", "zero_old", "repeat_old", "fill_old", "zero_rollout", "repeat_rollout",
+                     "fill_rollout"):
+            s.add(name, sums[name])
+        for name, key in (("x", "old"), ("y", "rollout"), ("xx", "old_sq"), ("yy", "rollout_sq"), ("xy", "old_rollout"),
+                          ("shift_aligned", "shift_aligned"), ("shift_forward", "shift_forward"),
+                          ("shift_backward", "shift_backward")):
+            s.add(name, sums[key])
 
     def _host_sums(self, chunk: Chunk) -> None:
         """Buckets, fills, equality, moments and shift residuals on numpy's kernels, in reused work buffers.

@@ -22,9 +22,8 @@ import torch
 
 from mismatch_cli.correction import SAFETY_BOUND, RsOption
 from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.diagnostics import scratch
 from mismatch_cli.engine.formulas import ess
-from mismatch_cli.engine.ops import numpy_kernels, padded_indices, total
+from mismatch_cli.engine.ops import numpy_kernels, padded_indices, scratch, total
 from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.rejection import OptionBounds, token_statistic
 from mismatch_cli.engine.state import F64

@@ -1,0 +1,151 @@
+"""The fused CPU sweep (engine/sweep.py) gives what the numpy passes give, on every kind of chunk."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from mismatch_cli.batch import Batch
+from mismatch_cli.correction import CorrectionConfig, resolve
+from mismatch_cli.engine import sweep
+from mismatch_cli.engine.chunk import make_chunk
+from mismatch_cli.engine.runner import run
+from mismatch_cli.engine.signatures import FILL_LOG_RATIO, SLOPE_BINS, SLOPE_RANGE, TAIL_NATS, token_sums
+
+pytestmark = pytest.mark.skipif(sweep._kernel() is None, reason="numba is not installed")
+
+
+def dirty_batch(seed: int, rows: int = 90, steps: bool = False) -> Batch:
+    """float32 rows of 0-150 positions with every kind of token the sums treat apart."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 150, size=rows)
+    lengths[rng.integers(0, rows, size=3)] = 0  # empty rows
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    n = int(offsets[-1])
+    rollout = -rng.exponential(0.6, size=n)
+    old = rollout + rng.normal(0.0, 0.05, size=n) * (1 + np.abs(rollout))
+    pick = rng.random(n)
+    old[pick < 0.02] -= rng.uniform(3, 30, size=int((pick < 0.02).sum()))  # spikes (exp|d| past float32: inf)
+    old[(pick > 0.02) & (pick < 0.04)] = 0.0  # one side exactly 0.0 (fills when far)
+    rollout[(pick > 0.04) & (pick < 0.05)] = 0.0
+    repeat = np.flatnonzero((pick > 0.05) & (pick < 0.09))
+    repeat = repeat[repeat > 0]
+    old[repeat] = old[repeat - 1]  # a side repeating its previous token (fills when far and the other moves)
+    rollout[(pick > 0.09) & (pick < 0.10)] = old[(pick > 0.09) & (pick < 0.10)]  # bitwise equal
+    old[(pick > 0.10) & (pick < 0.11)] = 0.003  # positive log-probs (kept)
+    old[(pick > 0.11) & (pick < 0.115)] = np.nan  # excluded tokens
+    rollout[(pick > 0.115) & (pick < 0.12)] = -9999.0
+    mask = rng.random(n) > 0.15  # multi-turn gaps
+    return Batch(old_log_probs=old.astype(np.float32), rollout_log_probs=rollout.astype(np.float32),
+                 response_mask=mask, offsets=offsets, source="dirty.parquet",
+                 steps=np.repeat(np.arange(3), [rows // 3, rows // 3, rows - 2 * (rows // 3)]) if steps else None)
+
+
+def close(one, other, path: str = "") -> None:
+    """Equal structure; integers exact; floats to 1e-9 relative (float64 sums in another order)."""
+    if isinstance(one, dict):
+        assert one.keys() == other.keys(), path
+        for key in one:
+            close(one[key], other[key], f"{path}/{key}")
+    elif isinstance(one, (list, tuple)):
+        assert len(one) == len(other), path
+        for i, (a, b) in enumerate(zip(one, other, strict=True)):
+            close(a, b, f"{path}/{i}")
+    elif isinstance(one, float) and math.isfinite(one):
+        assert abs(other - one) <= 1e-9 * abs(one) + 1e-12, (path, one, other)
+    elif isinstance(one, float):
+        assert other == one or (math.isnan(one) and math.isnan(other)), (path, one, other)
+    else:
+        assert one == other, (path, one, other)
+
+
+TABLES = ("metrics", "rounds", "rounds_from_end", "intervals", "quantiles", "histograms", "worst_sequences",
+          "what_if", "signatures", "notes")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("config", [{}, {"rollout_is": "token", "rollout_is_threshold": 2.0,
+                                         "rollout_rs": "seq_mean_k1,token_k3", "rollout_rs_threshold": "1.01,0.5"}],
+                         ids=["default", "full"])
+def test_sweep_gives_the_numpy_passes_results(seed: int, config: dict) -> None:
+    batches = [dirty_batch(seed, steps=True), dirty_batch(seed + 10, rows=7, steps=True)]
+    correction = resolve(CorrectionConfig(**config))
+    with sweep.forced(False):
+        numpy_path = run(batches, correction, device="cpu", by_step=True)
+    with sweep.forced(True):
+        fused = run(batches, correction, device="cpu", by_step=True)
+    for name in TABLES:
+        close(getattr(numpy_path.overall, name), getattr(fused.overall, name), name)
+    assert numpy_path.steps.keys() == fused.steps.keys()
+    for step, result in numpy_path.steps.items():
+        close(result.metrics, fused.steps[step].metrics, f"step {step}")
+
+
+def test_sweep_sums_match_float64_by_hand() -> None:
+    # Two rows (3 and 2 valid tokens, one masked-out position between), values chosen so each count is known.
+    old = np.array([-1.0, 0.0, -2.0, 5.0, -0.5, -0.5], dtype=np.float32)
+    rollout = np.array([-1.0, -1.5, -2.0, 7.0, -3.0, -0.25], dtype=np.float32)
+    mask = np.array([1, 1, 1, 0, 1, 1], dtype=bool)
+    batch = Batch(old_log_probs=old, rollout_log_probs=rollout, response_mask=mask,
+                  offsets=np.array([0, 4, 6]), source="hand")
+    chunk = make_chunk(batch, torch.device("cpu"), torch.float32)
+    with sweep.forced(True):
+        sums = token_sums(chunk)
+    assert sums is not None
+    o = np.array([-1.0, 0.0, -2.0, -0.5, -0.5])
+    r = np.array([-1.0, -1.5, -2.0, -3.0, -0.25])
+    d = o - r
+    got = sums.sums
+    assert got["bitwise_equal"] == 2 and got["negative"] == 1
+    assert got["zero_old"] == 1 and got["fill_old"] == 1  # old 0.0 against -1.5: |d| = 1.5 > ln 2
+    assert got["repeat_old"] == 1 and got["fill_old"] == 1  # row 2 repeats -0.5, |d| 0.25: not far
+    assert got["zero_rollout"] == got["repeat_rollout"] == got["fill_rollout"] == 0
+    assert got["shift_aligned"] == pytest.approx(d[0] ** 2 + d[1] ** 2 + d[3] ** 2)  # pairs within rows only
+    assert got["shift_forward"] == pytest.approx((o[0] - r[1]) ** 2 + (o[1] - r[2]) ** 2 + (o[3] - r[4]) ** 2)
+    assert got["shift_backward"] == pytest.approx((o[1] - r[0]) ** 2 + (o[2] - r[1]) ** 2 + (o[4] - r[3]) ** 2)
+    assert got["sum_abs"] == pytest.approx(np.abs(d).sum()) and got["old_rollout"] == pytest.approx((o * r).sum())
+    p = np.exp(o) - np.exp(r)
+    assert got["max_abs_d"] == pytest.approx(np.abs(p).max(), rel=1e-6)
+    assert got["abs_d"] == pytest.approx(np.abs(p).sum(), rel=1e-6)
+    # Position bins of 32: every valid token sits in bin 0; the tail histogram holds old < -1 only (one token).
+    assert sums.position_tokens.tolist() == [5] and sums.position_sums[0].item() == pytest.approx(np.abs(d).sum())
+    assert sums.slopes.sum().item() == 1
+    assert int(sums.slopes.argmax()) == int(1.0 * SLOPE_BINS / SLOPE_RANGE)  # rollout / old = 1 at old = -2
+    assert int(sums.sketch.sum()) == 5 and sums.octaves[0].sum().item() == 5
+    assert TAIL_NATS == 1.0 and FILL_LOG_RATIO == pytest.approx(math.log(2))
+
+
+def test_sweep_is_taken_only_where_it_pays(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    assert token_sums(make_chunk(dirty_batch(4), cpu, torch.float32, fused=True)) is not None
+    assert token_sums(make_chunk(dirty_batch(4), cpu, torch.float32)) is None  # not asked: a small input
+    with sweep.forced(True):
+        assert token_sums(make_chunk(dirty_batch(4), cpu, torch.float64, fused=True)) is None  # float64: numpy
+    monkeypatch.delenv("MISMATCH_FUSED", raising=False)
+    assert sweep.worth_it(sweep.MIN_INPUT_BYTES) and not sweep.worth_it(sweep.MIN_INPUT_BYTES - 1)
+    monkeypatch.setenv("MISMATCH_FUSED", "always")
+    assert sweep.worth_it(0)
+    code = ("import sys, mismatch_cli; mismatch_cli.analyze('sample_data/single_turn.parquet'); "
+            "assert 'numba' not in sys.modules, 'numba imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, env={k: v for k, v in os.environ.items()
+                                                                  if k != "MISMATCH_FUSED"})
+
+
+def test_the_one_time_compile_is_said_once_and_quiet_under_q(tmp_path) -> None:
+    env = {**os.environ, "MISMATCH_FUSED": "always", "MISMATCH_CACHE_DIR": str(tmp_path)}
+    command = [sys.executable, "-m", "mismatch_cli", "analyze", "sample_data/single_turn.parquet", "--format", "json",
+               "-o", str(tmp_path / "report.json")]
+    quiet = subprocess.run([*command, "-q"], env=env, capture_output=True, text=True, check=True)
+    assert quiet.stderr == ""
+    (tmp_path / "numba").joinpath(next(p.name for p in (tmp_path / "numba").iterdir() if p.name.startswith("sweep-"))
+                                  ).unlink()  # as if the compile had not been said yet
+    first = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    assert first.stderr.splitlines()[0] == f"mismatch: compiling the fused CPU sweep once (cached in {tmp_path}/numba)"
+    again = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    assert "compiling" not in again.stderr
