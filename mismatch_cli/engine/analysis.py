@@ -99,11 +99,12 @@ class BatchAccumulator:
         ordered = tuple(getattr(self, name) for name in ACCUMULATORS)
         self.accumulators: list[Accumulator] = [a for a in ordered if a is not None]
         check_order(self.accumulators)
+        self.updating = [a for a in self.accumulators if not a.late] + [a for a in self.accumulators if a.late]
 
     def update(self, chunk: Chunk) -> ChunkDecisions:
         """Fold one chunk of whole sequences into every family's state; returns what the deciders decided."""
         decisions = ChunkDecisions()
-        for accumulator in self.accumulators:
+        for accumulator in self.updating:
             accumulator.update(chunk, decisions)
         return decisions
 
@@ -113,7 +114,7 @@ class BatchAccumulator:
         Its accumulators' states merge in, as a shard's would, instead of redoing their per-token work; the
         ones `part` lacks (the extras) update from the chunk with the decisions `part`'s deciders made.
         """
-        for name in ACCUMULATORS:
+        for name in sorted(ACCUMULATORS, key=lambda name: getattr(getattr(self, name), "late", False)):
             mine, theirs = getattr(self, name), getattr(part, name)
             if mine is None:
                 continue

@@ -241,6 +241,8 @@ class PositionProfile:
 class DiagnosticsAccumulator(Accumulator):
     """Token-mean |delta|, bias, probability-space diffs, sketches, ESS both ways, and the counts."""
 
+    late = True  # reads the fused sweep (signatures.token_sums)
+
     def __init__(self, device: torch.device) -> None:
         self.state = Reducer(device)
         # Sketch counts of delta: [0, NUM_BUCKETS) hold delta >= 0 by |delta| bucket, the rest delta < 0.

@@ -90,6 +90,8 @@ class Accumulator(ABC):
 
     decides: frozenset[str] = frozenset()  # ChunkDecisions fields this accumulator may fill
     reads: frozenset[str] = frozenset()  # ChunkDecisions fields it reads (decided by earlier ones)
+    # Folds a chunk after the others: it reads the fused sweep, which runs on its own thread meanwhile.
+    late: bool = False
 
     @abstractmethod
     def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
@@ -113,6 +115,7 @@ def check_order(accumulators: Sequence[Accumulator]) -> None:
     """Refuse an order in which an accumulator reads a decision that a later one makes."""
     for i, accumulator in enumerate(accumulators):
         assert accumulator.decides <= DECISIONS and accumulator.reads <= DECISIONS, type(accumulator).__name__
+        assert not (accumulator.late and accumulator.decides), f"{type(accumulator).__name__} decides, so runs early"
         later = frozenset().union(*(other.decides for other in accumulators[i + 1:]))
         early = accumulator.reads & later
         assert not early, f"{type(accumulator).__name__} runs before the accumulator deciding {sorted(early)}"

@@ -26,6 +26,7 @@ from mismatch_cli.engine.chunk import (
 from mismatch_cli.engine.family import FamilyAccumulator
 from mismatch_cli.engine.packs import merge_xtuner_packs
 from mismatch_cli.engine.protocol import ChunkDecisions
+from mismatch_cli.engine.signatures import start_token_sums
 from mismatch_cli.errors import ConfigError, DataError, InputError, UsageError
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -214,7 +215,9 @@ class Analysis:
         compute_dtype = DTYPES[self.dtype]
         for batch in bounded(whole, self.chunk_positions):
             if batch.num_rows:
-                self.fold(batch, make_chunk(batch, self.device, compute_dtype, self.fused))
+                chunk = make_chunk(batch, self.device, compute_dtype, self.fused)
+                start_token_sums(chunk)
+                self.fold(batch, chunk)
 
     def fold(self, batch: Batch, chunk: Chunk) -> None:
         """Fold one bounded batch whose chunk is already made (several analyses may share one chunk)."""

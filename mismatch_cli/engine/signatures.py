@@ -18,6 +18,7 @@ candidates are resolved on the host once every PENDING chunks and in `compute`.
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -79,20 +80,27 @@ def _host_octaves(delta: np.ndarray, device: torch.device) -> np.ndarray:
     return np.right_shift(delta.view(np.uint32), 23, out=out)  # unsigned: the sign bit lands on NUM_BUCKETS
 
 
+def start_token_sums(chunk: Chunk) -> None:
+    """Start the chunk's fused sweep on the sweep's thread, where it runs (the accumulators before the diagnostics
+    overlap with it); `token_sums` waits for it."""
+    laid_out = chunk.layout is not None and chunk.offsets is not None
+    if "token_sums" in chunk.shared or not chunk.num_tokens or not laid_out or not sweep.wanted(chunk.old, chunk.fused):
+        return
+    assert chunk.layout is not None
+    chunk.shared["token_sums"] = sweep.start(
+        chunk.old.numpy(), chunk.rollout.numpy(), chunk.log_ratio.numpy(), chunk.abs_log_ratio.numpy(),
+        chunk.ratio_safe.numpy(), chunk.ratio_safe_sq.numpy(), chunk.lengths.numpy(), chunk.layout.keep.numpy(),
+        chunk.offsets, FILL_LOG_RATIO, TAIL_NATS, SLOPE_BINS / SLOPE_RANGE, SLOPE_BINS)
+
+
 def token_sums(chunk: Chunk) -> TokenSums | None:
     """The chunk's fused sweep, taken once for the diagnostics and the signatures (None: they take numpy's or
     torch's passes)."""
-    if "token_sums" not in chunk.shared:
-        found = None
-        laid_out = chunk.layout is not None and chunk.offsets is not None
-        if chunk.num_tokens and laid_out and sweep.wanted(chunk.old, chunk.fused):
-            found = sweep.token_sums(
-                chunk.old.numpy(), chunk.rollout.numpy(), chunk.log_ratio.numpy(), chunk.abs_log_ratio.numpy(),
-                chunk.ratio_safe.numpy(), chunk.ratio_safe_sq.numpy(), chunk.lengths.numpy(), chunk.layout.keep.numpy(),
-                chunk.offsets,
-                FILL_LOG_RATIO, TAIL_NATS, SLOPE_BINS / SLOPE_RANGE, SLOPE_BINS)
-        chunk.shared["token_sums"] = found
-    return chunk.shared["token_sums"]
+    start_token_sums(chunk)
+    found = chunk.shared.setdefault("token_sums", None)
+    if isinstance(found, Future):
+        found = chunk.shared["token_sums"] = found.result()
+    return found
 
 
 def _row_starts(chunk: Chunk) -> torch.Tensor:
@@ -107,6 +115,8 @@ def _row_starts(chunk: Chunk) -> torch.Tensor:
 
 class SignaturesAccumulator(Accumulator):
     """Bucketed chi2 / k3 / k1, constant fills, bitwise equality, temperature moments, shift residuals, worst token."""
+
+    late = True  # reads the fused sweep (signatures.token_sums)
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

@@ -15,6 +15,7 @@ import math
 import os
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -143,6 +144,16 @@ def token_sums(old: np.ndarray, rollout: np.ndarray, log_ratio: np.ndarray, abs_
 _VERSION = 3  # bump with any change to _sweep, so the first run after an upgrade says it compiles
 
 
+@cache
+def _thread() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="mismatch-sweep")
+
+
+def start(*arguments: Any) -> Future[TokenSums]:
+    """`token_sums(*arguments)` on the sweep's own thread (the kernel releases the GIL), as a future."""
+    return _thread().submit(token_sums, *arguments)
+
+
 def _signature(types: Any) -> Any:
     vector = types.Array
     f32, i64, f64 = vector(types.float32, 1, "C"), vector(types.int64, 1, "C"), vector(types.float64, 1, "C")
@@ -251,4 +262,4 @@ def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp
         sums[i] = values[i]
 
 
-__all__ = ["SUMS", "TokenSums", "cache_dir", "forced", "token_sums", "wanted", "worth_it"]
+__all__ = ["SUMS", "TokenSums", "cache_dir", "forced", "start", "token_sums", "wanted", "worth_it"]
