@@ -58,10 +58,10 @@ class ImportanceAccumulator(Accumulator):
         s.add("sum_w", weight64.sum())
         # verl clamps to [0, U] before std / ESS; applied weights already lie there.
         s.add("sum_w_sq", weight64.square().sum())
-        s.add("count_high", (raw > upper).sum())
-        s.add("count_low", (raw < lower_metric).sum())
+        s.add("count_high", raw > upper)  # a bool tensor: counted by ops.total (numpy's count on the CPU)
+        s.add("count_low", raw < lower_metric)
         if self.threshold.icepop:
-            s.add("count_oob", ((raw < self.threshold.lower) | (raw > upper)).sum())
+            s.add("count_oob", (raw < self.threshold.lower) | (raw > upper))
         if chunk.num_tokens:
             s.max("max_w", weight.max())
             s.min("min_w", weight.min())

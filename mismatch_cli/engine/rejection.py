@@ -78,13 +78,13 @@ class RejectionAccumulator(Accumulator):
                 s.add(f"{name}:sum", stat)
                 s.add(f"{name}:sum_c", clamped.sum())
                 s.add(f"{name}:sum_c_sq", clamped.square().sum())
-                s.add(f"{name}:count_high", (stat > bounds.high).sum())
+                s.add(f"{name}:count_high", stat > bounds.high)  # bool tensors: counted by ops.total
                 if is_k1:
-                    s.add(f"{name}:count_low", (stat < bounds.low).sum())
+                    s.add(f"{name}:count_low", stat < bounds.low)
                 if chunk.num_tokens:
                     s.max(f"{name}:max", stat.max())
                     s.min(f"{name}:min", stat.min())
-                s.add(f"{name}:rejected_tokens", reject.sum())
+                s.add(f"{name}:rejected_tokens", reject)
                 rejected_rows = chunk.row_count(reject) > 0
                 token_reject = reject if token_reject is None else token_reject | reject
             else:
