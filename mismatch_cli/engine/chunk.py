@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ import torch
 
 from mismatch_cli.batch import Batch
 from mismatch_cli.correction import SAFETY_BOUND
+from mismatch_cli.engine import sweep
 from mismatch_cli.engine.formulas import chi2_seq_terms, chi2_token_terms
 from mismatch_cli.engine.ops import (
     MAX_CHUNK_POSITIONS,
@@ -179,6 +181,18 @@ class Chunk:
     def log_ratio_row_sum(self) -> torch.Tensor:
         """S_i: per-row sum of the unclamped log-ratio, float64 [B]."""
         return self.row_sum(self.log_ratio)
+
+    def fuse_row_sums(self) -> None:
+        """Take the row sums and totals of old, rollout, the log-ratio, its magnitude, the safe ratio, its square
+        and k3 in one fused pass (engine/sweep.py), for `row_sum` and `total` to hand out."""
+        tensors = (self.old, self.rollout, self.log_ratio, self.abs_log_ratio, self.ratio_safe, self.ratio_safe_sq,
+                   self.k3)
+        table = sweep.segment_sums(self.old.numpy(), self.rollout.numpy(), self.ratio_safe.numpy(),
+                                   self.ratio_safe_sq.numpy(), self.k3.numpy(), self.lengths.numpy(), math.inf)
+        totals = table.sum(axis=0)
+        for column, values in enumerate(tensors):
+            self._row_sums[id(values)] = (values, torch.from_numpy(np.ascontiguousarray(table[:, column])))
+            self._totals[id(values)] = (values, torch.tensor(totals[column], dtype=F64))
 
     def row_sum(self, values: torch.Tensor) -> torch.Tensor:
         """Per-row float64 sum of per-token values (0 for an empty row), computed once per tensor."""

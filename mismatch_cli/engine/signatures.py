@@ -87,6 +87,7 @@ def start_token_sums(chunk: Chunk) -> None:
     if "token_sums" in chunk.shared or not chunk.num_tokens or not laid_out or not sweep.wanted(chunk.old, chunk.fused):
         return
     assert chunk.layout is not None
+    chunk.fuse_row_sums()
     chunk.shared["token_sums"] = sweep.start(
         chunk.old.numpy(), chunk.rollout.numpy(), chunk.log_ratio.numpy(), chunk.abs_log_ratio.numpy(),
         chunk.ratio_safe.numpy(), chunk.ratio_safe_sq.numpy(), chunk.lengths.numpy(), chunk.layout.keep.numpy(),

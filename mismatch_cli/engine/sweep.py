@@ -62,8 +62,8 @@ def forced(on: bool) -> Iterator[None]:
 
 
 @cache
-def _kernel() -> Any:
-    """The compiled sweep (from the disk cache after the first run), or None where numba is missing or switched off."""
+def _kernels() -> dict[str, Any] | None:
+    """The compiled kernels (from the disk cache after the first run), or None where numba is missing or off."""
     if os.environ.get("MISMATCH_FUSED", "1") == "0":
         return None
     folder = cache_dir()
@@ -78,12 +78,20 @@ def _kernel() -> Any:
         logging.getLogger(__name__).warning(f"mismatch: compiling the fused CPU sweep once (cached in {folder})")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an unwritable cache folder: compile in memory, every run
-        kernel = numba.njit(_signature(numba.types), cache=True, nogil=True, fastmath={"reassoc"})(_sweep)
+        options = {"cache": True, "nogil": True, "fastmath": {"reassoc"}}
+        kernels = {"sweep": numba.njit(_sweep_signature(numba.types), **options)(_sweep),
+                   "segments": numba.njit(_segments_signature(numba.types), **options)(_segments)}
     try:
         marker.touch()
     except OSError:
         pass
-    return kernel
+    return kernels
+
+
+def _kernel() -> Any:
+    """The compiled sweep, or None."""
+    kernels = _kernels()
+    return None if kernels is None else kernels["sweep"]
 
 
 def worth_it(input_bytes: int) -> bool:
@@ -141,7 +149,23 @@ def token_sums(old: np.ndarray, rollout: np.ndarray, log_ratio: np.ndarray, abs_
                      position_sums=torch.from_numpy(position_sums), position_tokens=torch.from_numpy(position_tokens))
 
 
-_VERSION = 3  # bump with any change to _sweep, so the first run after an upgrade says it compiles
+_VERSION = 4  # bump with any change to _sweep, so the first run after an upgrade says it compiles
+
+
+SEGMENT_SUMS = ("old", "rollout", "log_ratio", "abs_log_ratio", "ratio_safe", "ratio_safe_sq", "k3", "beyond")
+
+
+def segment_sums(old: np.ndarray, rollout: np.ndarray, ratio_safe: np.ndarray, ratio_safe_sq: np.ndarray,
+                 k3: np.ndarray, lengths: np.ndarray, bound: float) -> np.ndarray:
+    """float64 [segments, SEGMENT_SUMS]: per consecutive segment of float32 tokens (rows or rounds), the sums of
+    old, rollout, old - rollout, its magnitude, the safe ratio, its square and k3, and the tokens with
+    |old - rollout| > bound, in one pass."""
+    kernels = _kernels()
+    assert kernels is not None
+    out = np.zeros((lengths.size, len(SEGMENT_SUMS)), dtype=np.float64)
+    kernels["segments"](old, rollout, ratio_safe, ratio_safe_sq, k3, lengths.astype(np.int64, copy=False),
+                        np.float32(bound), out)
+    return out
 
 
 @cache
@@ -154,13 +178,51 @@ def start(*arguments: Any) -> Future[TokenSums]:
     return _thread().submit(token_sums, *arguments)
 
 
-def _signature(types: Any) -> Any:
+def _sweep_signature(types: Any) -> Any:
     vector = types.Array
     f32, i64, f64 = vector(types.float32, 1, "C"), vector(types.int64, 1, "C"), vector(types.float64, 1, "C")
     return types.void(f32, f32, f32, vector(types.uint32, 1, "C"), f32, f32, f32, f32, f32,
                       vector(types.boolean, 1, "C"), vector(types.boolean, 1, "C"), i64, f32, types.float32,
                       types.float32, types.float32, types.float32, i64, vector(types.float64, 2, "C"), i64, f64, i64,
                       f64)
+
+
+def _segments_signature(types: Any) -> Any:
+    f32 = types.Array(types.float32, 1, "C")
+    return types.void(f32, f32, f32, f32, f32, types.Array(types.int64, 1, "C"), types.float32,
+                      types.Array(types.float64, 2, "C"))
+
+
+def _segments(old, rollout, ratio, ratio_sq, k3, lengths, bound, out) -> None:  # noqa: ANN001
+    # Each segment's inner loop is a plain reduction that LLVM vectorizes (reassociated float64 sums of float32
+    # terms); old - rollout is taken in float32, as the chunk's log_ratio is.
+    start = 0
+    for segment in range(lengths.shape[0]):
+        end = start + lengths[segment]
+        s_o = s_r = s_d = s_a = s_q = s_q2 = s_k = 0.0
+        beyond = 0
+        for t in range(start, end):
+            o = old[t]
+            r = rollout[t]
+            d = o - r
+            a = abs(d)
+            s_o += o
+            s_r += r
+            s_d += d
+            s_a += a
+            s_q += ratio[t]
+            s_q2 += ratio_sq[t]
+            s_k += k3[t]
+            beyond += a > bound
+        out[segment, 0] = s_o
+        out[segment, 1] = s_r
+        out[segment, 2] = s_d
+        out[segment, 3] = s_a
+        out[segment, 4] = s_q
+        out[segment, 5] = s_q2
+        out[segment, 6] = s_k
+        out[segment, 7] = beyond
+        start = end
 
 
 def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp_rollout, continues, keep,  # noqa: ANN001, PLR0913, PLR0915
@@ -262,4 +324,5 @@ def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp
         sums[i] = values[i]
 
 
-__all__ = ["SUMS", "TokenSums", "cache_dir", "forced", "start", "token_sums", "wanted", "worth_it"]
+__all__ = ["SEGMENT_SUMS", "SUMS", "TokenSums", "cache_dir", "forced", "segment_sums", "start", "token_sums", "wanted",
+           "worth_it"]
