@@ -1,11 +1,14 @@
 """In-process engine throughput: the accumulators over batches already in memory, no reading, no start-up.
 
     python bench/bench_engine.py [--tokens 10000000] [--turns 1 4] [--repeats 3] [--device cpu] [--profile]
-                                 [--chunk-positions N]
+                                 [--chunk-positions N] [--fused]
 
-Makes a `mismatch synth` dump per turn count (kept in --workdir), reads it once into memory, then
-times `Analysis.update` + `finish` over those batches with the default and the full configuration,
+Makes a `mismatch synth` dump per turn count (rows over 10 steps; kept in --workdir), reads it once into
+memory, then times `Analysis.update` + `finish` over those batches with the default and the full
+configuration (issue 23's: token IS with batch normalization, three RS options, `--by step`),
 alternating, one torch thread (as `analyze` runs). Prints Mtok/s per run and the best of each.
+`--fused` takes the fused CPU sweep (engine/sweep.py), as `analyze` does on inputs of 256 MiB or more;
+its thread's CPU time counts (the clock is the process's CPU time).
 `--profile` prints cProfile's top functions of one full-configuration run instead (on CUDA: torch's
 profiler, with the kernels launched and the host waits per chunk). `--chunk-positions N` joins
 consecutive batches into chunks of up to N positions, as the GPU path does (default: the device's own
@@ -28,21 +31,23 @@ from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.runner import Analysis, resolve_device
 from mismatch_cli.io import ReadOptions, discover_inputs, iter_batches
 
-FULL = CorrectionConfig(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="seq_mean_k1,token_k3",
-                        rollout_rs_threshold="0.999_1.001,0.5")
+FULL = CorrectionConfig(rollout_is="token", rollout_is_threshold=2.0, rollout_is_batch_normalize=True,
+                        rollout_rs="seq_mean_k1,token_k3,seq_max_k2", rollout_rs_threshold="0.999_1.001,0.5,2.0")
 
 
 def load(path: Path, tokens: int, turns: int) -> list:
     """The dump's batches, read once into memory (made with `mismatch synth` when missing)."""
     if not path.exists():
         subprocess.run([sys.executable, "-m", "mismatch_cli", "synth", str(path), "--tokens", str(tokens),
-                        "--turns", str(turns), "--seed", "7"], check=True, stdout=subprocess.DEVNULL)
+                        "--turns", str(turns), "--steps", "10", "--seed", "7"], check=True, stdout=subprocess.DEVNULL)
     return list(iter_batches(discover_inputs([str(path)]), ReadOptions()))
 
 
-def once(batches: list, config: CorrectionConfig, device: str, chunk_positions: int | None = None) -> float:
+def once(batches: list, config: CorrectionConfig, device: str, chunk_positions: int | None = None,
+         fused: bool = False) -> float:
     """Seconds for one pass of the engine over the batches (CPU time on the CPU: robust to a busy machine)."""
-    analysis = Analysis(resolve(config), resolve_device(device))
+    analysis = Analysis(resolve(config), resolve_device(device), by_step=config is FULL)
+    analysis.fused = fused
     if chunk_positions:
         analysis.join_batches, analysis.chunk_positions = True, chunk_positions
     if device.startswith("cuda"):
@@ -87,28 +92,29 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/mismatch-bench"))
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--chunk-positions", type=int, default=None)
+    parser.add_argument("--fused", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     args.workdir.mkdir(parents=True, exist_ok=True)
     for turns in args.turns:
-        path = args.workdir / f"engine_{args.tokens}_{turns}.parquet"
+        path = args.workdir / f"engine_{args.tokens}_{turns}_10steps.parquet"
         batches = load(path, args.tokens, turns)
         tokens = sum(int(b.response_mask.sum()) for b in batches)
-        once(batches[:2], FULL, args.device)  # warm-up: lazy imports, work buffers
+        once(batches[:2], FULL, args.device, fused=args.fused)  # warm-up: lazy imports, work buffers, kernels
         if args.profile and args.device.startswith("cuda"):
             profile_cuda(batches, args.device, args.chunk_positions)
             continue
         if args.profile:
             profile = cProfile.Profile()
             profile.enable()
-            once(batches, FULL, args.device, args.chunk_positions)
+            once(batches, FULL, args.device, args.chunk_positions, args.fused)
             profile.disable()
             pstats.Stats(profile).sort_stats("tottime").print_stats(25)
             continue
         best: dict[str, float] = {}
         for _ in range(args.repeats):
             for label, config in (("default", CorrectionConfig()), ("full", FULL)):
-                seconds = once(batches, config, args.device, args.chunk_positions)
+                seconds = once(batches, config, args.device, args.chunk_positions, args.fused)
                 best[label] = min(best.get(label, seconds), seconds)
                 print(f"turns {turns} {label:8s} {seconds:6.3f} s  {tokens / seconds / 1e6:6.1f} Mtok/s", flush=True)
         print(f"turns {turns}: {tokens / 1e6:.1f}M valid tokens; best default {tokens / best['default'] / 1e6:.1f} "
