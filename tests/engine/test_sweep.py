@@ -21,8 +21,9 @@ from mismatch_cli.engine.signatures import FILL_LOG_RATIO, SLOPE_BINS, SLOPE_RAN
 pytestmark = pytest.mark.skipif(sweep._kernel() is None, reason="numba is not installed")
 
 
-def dirty_batch(seed: int, rows: int = 90, steps: bool = False) -> Batch:
-    """float32 rows of 0-150 positions with every kind of token the sums treat apart."""
+def dirty_batch(seed: int, rows: int = 90, steps: bool = False, turns: int = 0) -> Batch:
+    """float32 rows of 0-150 positions with every kind of token the sums treat apart; `turns`: rows of at most
+    that many rounds (masked-out gaps between them), else random gaps (rows of many rounds)."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(0, 150, size=rows)
     lengths[rng.integers(0, rows, size=3)] = 0  # empty rows
@@ -42,6 +43,11 @@ def dirty_batch(seed: int, rows: int = 90, steps: bool = False) -> Batch:
     old[(pick > 0.11) & (pick < 0.115)] = np.nan  # excluded tokens
     rollout[(pick > 0.115) & (pick < 0.12)] = -9999.0
     mask = rng.random(n) > 0.15  # multi-turn gaps
+    if turns:
+        mask[:] = True
+        for start, stop in zip(offsets[:-1], offsets[1:], strict=True):  # turns - 1 gaps of 1-5 positions
+            for gap in rng.integers(start, max(stop, start + 1), size=turns - 1):
+                mask[gap:min(gap + int(rng.integers(1, 6)), stop)] = False
     return Batch(old_log_probs=old.astype(np.float32), rollout_log_probs=rollout.astype(np.float32),
                  response_mask=mask, offsets=offsets, source="dirty.parquet",
                  steps=np.repeat(np.arange(3), [rows // 3, rows // 3, rows - 2 * (rows // 3)]) if steps else None)
@@ -74,7 +80,8 @@ TABLES = ("metrics", "rounds", "rounds_from_end", "intervals", "quantiles", "his
                                          "rollout_rs": "seq_mean_k1,token_k3", "rollout_rs_threshold": "1.01,0.5"}],
                          ids=["default", "full"])
 def test_sweep_gives_the_numpy_passes_results(seed: int, config: dict) -> None:
-    batches = [dirty_batch(seed, steps=True), dirty_batch(seed + 10, rows=7, steps=True)]
+    batches = [dirty_batch(seed, steps=True), dirty_batch(seed + 10, rows=7, steps=True),
+               dirty_batch(seed + 20, steps=True, turns=4), dirty_batch(seed + 30, rows=40, turns=1)]
     correction = resolve(CorrectionConfig(**config))
     with sweep.forced(False):
         numpy_path = run(batches, correction, device="cpu", by_step=True)
