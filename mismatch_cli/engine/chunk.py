@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -188,7 +187,7 @@ class Chunk:
         tensors = (self.old, self.rollout, self.log_ratio, self.abs_log_ratio, self.ratio_safe, self.ratio_safe_sq,
                    self.k3)
         table = sweep.segment_sums(self.old.numpy(), self.rollout.numpy(), self.ratio_safe.numpy(),
-                                   self.ratio_safe_sq.numpy(), self.k3.numpy(), self.lengths.numpy(), math.inf)
+                                   self.ratio_safe_sq.numpy(), self.k3.numpy(), self.lengths.numpy())
         totals = table.sum(axis=0)
         for column, values in enumerate(tensors):
             self._row_sums[id(values)] = (values, torch.from_numpy(np.ascontiguousarray(table[:, column])))

@@ -1,11 +1,13 @@
-"""One fused sweep over a chunk's positions on the CPU: the per-token sums the diagnostics and the signatures need.
+"""The fused CPU sweep: numba kernels that take in one pass what many numpy passes over a chunk took.
 
-Compiled with numba (imported lazily, on the first large chunk only) and cached on disk in the user's cache
-folder, so `--help`, small dumps and the readers never import it. The numpy passes in diagnostics.py and
-signatures.py stay the reference and the path everywhere else (a GPU, float64, numba missing, small runs).
-Histograms, counts and the position profile are added in the same order as the numpy path (identical
-values); token totals are float64 sums in token order, where numpy sums pairwise (they agree to float64
-rounding). float32 only: exps and products are taken in float32 exactly as numpy takes them.
+`token_sums` takes every per-token sum, count and histogram the diagnostics and the signatures need, on its
+own thread (`start`; the kernels release the GIL) while the other accumulators fold the chunk.
+`segment_sums` takes the row sums and totals most accumulators share. numba is imported only for inputs
+that repay its start-up (`worth_it`), and the kernels are compiled once into the user's cache folder, so
+`--help`, small dumps and the readers never import it. The numpy passes stay the reference and the path
+everywhere else (a GPU, float64, numba missing, small inputs). Counts, sketches and histograms are
+identical to theirs; float sums are float64 sums in another order (vectorized), equal to float64 rounding.
+float32 only: differences, products and comparisons are taken in float32, as numpy and torch take them.
 """
 
 from __future__ import annotations
@@ -25,14 +27,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from mismatch_cli.engine.ops import numpy_kernels
+from mismatch_cli.engine.sketch import NUM_BUCKETS, SHIFT
+
 # A process pays ~0.4 s to import numba and load the cached kernel, which the sweep repays (about 9 ns a token) on
 # inputs of this many bytes (~35M tokens of a float32 parquet dump); the decision is by input, never by chunk or
 # by what the process ran before, so one input always gives the same numbers.
 MIN_INPUT_BYTES = 1 << 28
-# Sketch, octave and slope tables (kept here so that this module imports no accumulator).
-SKETCH_SHIFT, SKETCH_SIZE = 16, 1 << 16
-OCTAVE_SHIFT, OCTAVES = 23, 512
-POSITION_BIN = 32
+SKETCH_SIZE = 2 * NUM_BUCKETS  # the diagnostics' signed sketch of delta: the top bits of its float32 pattern
+OCTAVE_SHIFT, OCTAVES = 23, 512  # the signatures' signed octaves: sign and exponent of a float32 (signatures.py)
+POSITION_BIN = 32  # positions per bin of the diagnostics' position profile (diagnostics.POSITION_BIN)
+_VERSION = 5  # bump with any change to a kernel, so that the first run after an upgrade says it compiles
 
 SUMS = ("sum_abs", "sum_log_ratio", "negative", "sum_exp_abs", "sum_ratio", "sum_ratio_sq",  # diagnostics
         "x", "d", "xx", "xd", "dd", "abs_d", "max_abs_d",  # diagnostics' probability-space pair
@@ -101,8 +106,6 @@ def worth_it(input_bytes: int) -> bool:
 
 def wanted(values: torch.Tensor, asked: bool) -> bool:
     """Whether a chunk's token sums come from the sweep: float32 on numpy's CPU path, when `asked` (or forced)."""
-    from mismatch_cli.engine.ops import numpy_kernels
-
     use = asked if _FORCED[0] is None else _FORCED[0]
     return use and values.dtype == torch.float32 and numpy_kernels(values) and _kernel() is not None
 
@@ -149,22 +152,17 @@ def token_sums(old: np.ndarray, rollout: np.ndarray, log_ratio: np.ndarray, abs_
                      position_sums=torch.from_numpy(position_sums), position_tokens=torch.from_numpy(position_tokens))
 
 
-_VERSION = 4  # bump with any change to _sweep, so the first run after an upgrade says it compiles
-
-
-SEGMENT_SUMS = ("old", "rollout", "log_ratio", "abs_log_ratio", "ratio_safe", "ratio_safe_sq", "k3", "beyond")
+SEGMENT_SUMS = ("old", "rollout", "log_ratio", "abs_log_ratio", "ratio_safe", "ratio_safe_sq", "k3")
 
 
 def segment_sums(old: np.ndarray, rollout: np.ndarray, ratio_safe: np.ndarray, ratio_safe_sq: np.ndarray,
-                 k3: np.ndarray, lengths: np.ndarray, bound: float) -> np.ndarray:
-    """float64 [segments, SEGMENT_SUMS]: per consecutive segment of float32 tokens (rows or rounds), the sums of
-    old, rollout, old - rollout, its magnitude, the safe ratio, its square and k3, and the tokens with
-    |old - rollout| > bound, in one pass."""
+                 k3: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """float64 [rows, SEGMENT_SUMS]: per row (`lengths` consecutive float32 tokens) the sums of old, rollout,
+    old - rollout, its magnitude, the safe ratio, its square and k3, in one pass."""
     kernels = _kernels()
     assert kernels is not None
     out = np.zeros((lengths.size, len(SEGMENT_SUMS)), dtype=np.float64)
-    kernels["segments"](old, rollout, ratio_safe, ratio_safe_sq, k3, lengths.astype(np.int64, copy=False),
-                        np.float32(bound), out)
+    kernels["segments"](old, rollout, ratio_safe, ratio_safe_sq, k3, lengths.astype(np.int64, copy=False), out)
     return out
 
 
@@ -189,39 +187,34 @@ def _sweep_signature(types: Any) -> Any:
 
 def _segments_signature(types: Any) -> Any:
     f32 = types.Array(types.float32, 1, "C")
-    return types.void(f32, f32, f32, f32, f32, types.Array(types.int64, 1, "C"), types.float32,
-                      types.Array(types.float64, 2, "C"))
+    return types.void(f32, f32, f32, f32, f32, types.Array(types.int64, 1, "C"), types.Array(types.float64, 2, "C"))
 
 
-def _segments(old, rollout, ratio, ratio_sq, k3, lengths, bound, out) -> None:  # noqa: ANN001
-    # Each segment's inner loop is a plain reduction that LLVM vectorizes (reassociated float64 sums of float32
+def _segments(old, rollout, ratio, ratio_sq, k3, lengths, out) -> None:  # noqa: ANN001
+    # Each row's inner loop is a plain reduction that LLVM vectorizes (reassociated float64 sums of float32
     # terms); old - rollout is taken in float32, as the chunk's log_ratio is.
     start = 0
-    for segment in range(lengths.shape[0]):
-        end = start + lengths[segment]
+    for row in range(lengths.shape[0]):
+        end = start + lengths[row]
         s_o = s_r = s_d = s_a = s_q = s_q2 = s_k = 0.0
-        beyond = 0
         for t in range(start, end):
             o = old[t]
             r = rollout[t]
             d = o - r
-            a = abs(d)
             s_o += o
             s_r += r
             s_d += d
-            s_a += a
+            s_a += abs(d)
             s_q += ratio[t]
             s_q2 += ratio_sq[t]
             s_k += k3[t]
-            beyond += a > bound
-        out[segment, 0] = s_o
-        out[segment, 1] = s_r
-        out[segment, 2] = s_d
-        out[segment, 3] = s_a
-        out[segment, 4] = s_q
-        out[segment, 5] = s_q2
-        out[segment, 6] = s_k
-        out[segment, 7] = beyond
+        out[row, 0] = s_o
+        out[row, 1] = s_r
+        out[row, 2] = s_d
+        out[row, 3] = s_a
+        out[row, 4] = s_q
+        out[row, 5] = s_q2
+        out[row, 6] = s_k
         start = end
 
 
@@ -292,8 +285,8 @@ def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp
         backward += e * e if pair else 0.0
     for t in range(n):
         b = bits[t]
-        sketch[(b >> 16) & 0xFFFF] += 1
-        k = b >> 23
+        sketch[(b >> SHIFT) & (SKETCH_SIZE - 1)] += 1
+        k = b >> OCTAVE_SHIFT
         octaves[0, k] += 1.0
         octaves[1, k] += ratio_sq[t]
         octaves[2, k] += ratio[t]
@@ -306,15 +299,15 @@ def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp
     t = 0
     for row in range(offsets.shape[0] - 1):
         begin = offsets[row]
-        for piece in range(begin, offsets[row + 1], 32):
+        for piece in range(begin, offsets[row + 1], POSITION_BIN):
             piece_sum = 0.0
             piece_tokens = 0
-            for position in range(piece, min(piece + 32, offsets[row + 1])):
+            for position in range(piece, min(piece + POSITION_BIN, offsets[row + 1])):
                 if keep[position]:
                     piece_sum += abs_log_ratio[t]
                     piece_tokens += 1
                     t += 1
-            at = (piece - begin) // 32
+            at = (piece - begin) // POSITION_BIN
             position_sums[at] += piece_sum
             position_tokens[at] += piece_tokens
     values = (s_abs, s_d, float(negative), s_exp, s_ratio, s_ratio_sq, s_x, s_p, s_xx, s_xp, s_pp, s_abs_p,

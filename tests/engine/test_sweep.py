@@ -156,3 +156,14 @@ def test_the_one_time_compile_is_said_once_and_quiet_under_q(tmp_path) -> None:
     assert first.stderr.splitlines()[0] == f"mismatch: compiling the fused CPU sweep once (cached in {tmp_path}/numba)"
     again = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     assert "compiling" not in again.stderr
+
+
+def test_the_sweep_buckets_as_the_accumulators_do() -> None:
+    from mismatch_cli.engine import diagnostics, signatures
+
+    assert sweep.POSITION_BIN == diagnostics.POSITION_BIN
+    assert sweep.OCTAVES == 2 * signatures.NUM_BUCKETS and 1 << (32 - sweep.OCTAVE_SHIFT) == sweep.OCTAVES
+    values = torch.tensor([0.0, -0.0, 1e-30, -3.5, 7.25, 1e30, -2e-3], dtype=torch.float32)
+    bits = values.numpy().view(np.uint32)
+    assert ((bits >> sweep.OCTAVE_SHIFT).astype(np.int64) == signatures.signed_octaves(values).numpy()).all()
+    assert ((bits >> 16) & (sweep.SKETCH_SIZE - 1) == diagnostics.signed_buckets(values).numpy()).all()
