@@ -34,6 +34,9 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 EXAMPLES_PER_CATEGORY = 3  # first flagged tokens kept per data-quality category and file
 MAX_GROUPS = 1000  # distinct values of one --by column; each group holds a full set of accumulators
+# A chunk in at most this many runs of one step / --by value is folded run by run (each run's tokens once);
+# beyond, the groups' rows are interleaved and each group's rows are analyzed again on their own.
+MAX_PIECES = 16
 
 
 @dataclass
@@ -108,6 +111,18 @@ def _split_rows(batch: Batch, keys: np.ndarray) -> list[tuple[Any, Batch]]:
     if len(unique) == 1:
         return [(labels[0], batch)]
     return [(label, batch.select_rows(inverse == i)) for i, label in enumerate(labels)]
+
+
+def _pieces(keys: list[np.ndarray], rows: int) -> list[tuple[int, int]] | None:
+    """The runs of consecutive rows with the same label in every column, as (start, stop); None past MAX_PIECES."""
+    change = np.zeros(rows, dtype=bool)
+    for labels in keys:
+        change[1:] |= labels[1:] != labels[:-1]
+    starts = np.flatnonzero(change[1:]) + 1
+    if len(starts) >= MAX_PIECES:
+        return None
+    bounds = [0, *starts.tolist(), rows]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
 def _follows(previous: Batch, batch: Batch) -> bool:
@@ -222,16 +237,27 @@ class Analysis:
     def fold(self, batch: Batch, chunk: Chunk) -> None:
         """Fold one bounded batch whose chunk is already made (several analyses may share one chunk)."""
         self.any_rows = True
-        whole, parts = self._breakdowns(batch)
-        if whole:
-            # The chunk lies in one step (or group): its per-token work is done once, in a fresh breakdown
-            # state that then merges into the step's state and the overall one, as a shard's state would.
-            shared = self._breakdown()
-            self.overall.update_from(chunk, shared, shared.update(chunk))
-            for accumulator in whole:
-                accumulator.merge(shared)
-        else:
+        columns = self._breakdown_columns(batch)
+        pieces = _pieces([keys for _, keys in columns], batch.num_rows)
+        compute_dtype = DTYPES[self.dtype]
+        if not columns:
             self.overall.update(chunk)
+        elif pieces is not None:
+            # Each run of rows of one step (and one value of each --by column) is folded once, into a fresh
+            # breakdown state that merges into its step's and groups' states and into the overall one, as a
+            # shard's state would: the same as a reader that had cut its chunks there.
+            for start, stop in pieces:
+                part = chunk if stop - start == batch.num_rows else make_chunk(
+                    batch.slice_rows(start, stop), self.device, compute_dtype, self.fused)
+                shared = self._breakdown()
+                self.overall.update_from(part, shared, shared.update(part))
+                for states, keys in columns:
+                    self._state(states, keys[start]).merge(shared)
+        else:  # rows of many groups interleaved: each group's rows are analyzed again as a batch of their own
+            self.overall.update(chunk)
+            for states, keys in columns:
+                for label, part in _split_rows(batch, keys):
+                    self._state(states, label).update(make_chunk(part, self.device, compute_dtype, self.fused))
         if self.per_pack:
             pack = self.packs.setdefault(batch.source, FamilyAccumulator(self.correction.family_spec, self.device))
             pack.update(chunk, ChunkDecisions())
@@ -240,31 +266,23 @@ class Analysis:
         wanted = stats.wanted_examples(chunk.quality)
         if wanted:  # only chunks with flagged tokens pay for this, until the examples are collected
             stats.add_examples(quality_examples(batch, wanted, EXAMPLES_PER_CATEGORY))
-        compute_dtype = DTYPES[self.dtype]
-        for accumulator, part in parts:
-            accumulator.update(make_chunk(part, self.device, compute_dtype, self.fused))
 
-    def _breakdowns(self, batch: Batch) -> tuple[list[BatchAccumulator], list[tuple[BatchAccumulator, Batch]]]:
-        """The per-step and per-group states the batch's rows go to: those taking every row, and the others
-        with their rows."""
-        split: list[tuple[dict[Any, BatchAccumulator], list[tuple[Any, Batch]]]] = []
+    def _breakdown_columns(self, batch: Batch) -> list[tuple[dict[Any, BatchAccumulator], np.ndarray]]:
+        """Per --by step / --by column: its states by label, and the batch's label per row."""
+        columns: list[tuple[dict[Any, BatchAccumulator], np.ndarray]] = []
         if self.by_step and batch.steps is not None:
-            split.append((self.per_step, _split_rows(batch, batch.steps)))
+            columns.append((self.per_step, _labels(batch.steps)))
         for column in self.group_by:
             keys = _group_keys(batch, column)
             _check_group_count(column, self.per_group[column], keys)
-            split.append((self.per_group[column], _split_rows(batch, keys)))
-        whole: list[BatchAccumulator] = []
-        parts: list[tuple[BatchAccumulator, Batch]] = []
-        for accumulators, labelled in split:
-            for label, part in labelled:
-                if label not in accumulators:
-                    accumulators[label] = self._breakdown()
-                if part is batch:
-                    whole.append(accumulators[label])
-                else:
-                    parts.append((accumulators[label], part))
-        return whole, parts
+            columns.append((self.per_group[column], keys))
+        return columns
+
+    def _state(self, states: dict[Any, BatchAccumulator], label: Any) -> BatchAccumulator:
+        label = label.item() if isinstance(label, np.generic) else label
+        if label not in states:
+            states[label] = self._breakdown()
+        return states[label]
 
     def merge(self, other: Analysis) -> None:
         """Fold a partial state built on another shard of the same input into this one."""

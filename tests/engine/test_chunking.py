@@ -181,7 +181,8 @@ def _close(one, other, path: str = "") -> None:
 
 @pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[3], CONFIGS[6], {"semantics": "verl-0.6.0"},
                                     {"semantics": "trl"}], ids=["default", "is", "rs", "verl-0.6.0", "trl"])
-def test_by_step_folds_each_chunk_once_and_changes_nothing(config: dict) -> None:
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "straddling"])
+def test_by_step_folds_each_chunk_once_and_changes_nothing(config: dict, aligned: bool) -> None:
     # Steps in order, cut so that every chunk lies in one step: each chunk's per-token work is done once and
     # merged into the step's state and the overall one (runner.Analysis.fold); the results are those of an
     # analysis without --by step, and each step's are those of its rows alone.
@@ -189,7 +190,8 @@ def test_by_step_folds_each_chunk_once_and_changes_nothing(config: dict) -> None
     steps = np.repeat([4, 7, 9], [25, 20, 15])
     whole = batch_from_padded(old, rollout, mask, steps=steps)
     correction = resolve(CorrectionConfig(**config))
-    chunks = split(whole, [10, 25, 30, 45, 52])
+    # Chunks that lie in one step, and chunks that straddle one or two steps (folded run by run).
+    chunks = split(whole, [10, 25, 30, 45, 52]) if aligned else split(whole, [10, 30, 58])
     by_step = run(chunks, correction, device="cpu", dtype="float64", by_step=True)
     plain = run(chunks, correction, device="cpu", dtype="float64")
     for name in ("metrics", "rounds", "rounds_from_end", "intervals", "quantiles", "histograms", "worst_sequences",
