@@ -81,3 +81,21 @@ def close(ours: float | None, reference: float, rel: float, abs_: float) -> bool
     if not math.isfinite(reference):
         return ours == reference
     return abs(ours - reference) <= rel * abs(reference) + abs_
+
+
+def assert_same_tree(one, other, rel: float, path: str = "") -> None:
+    """Two results' tables agree: equal structure, integers and strings exact, floats to `rel` (NaN = NaN)."""
+    if isinstance(one, dict):
+        assert one.keys() == other.keys(), path
+        for key in one:
+            assert_same_tree(one[key], other[key], rel, f"{path}/{key}")
+    elif isinstance(one, (list, tuple)):
+        assert len(one) == len(other), path
+        for i, (a, b) in enumerate(zip(one, other, strict=True)):
+            assert_same_tree(a, b, rel, f"{path}/{i}")
+    elif isinstance(one, float) and math.isfinite(one):
+        assert abs(other - one) <= rel * abs(one) + 1e-15, (path, one, other)
+    elif isinstance(one, float):
+        assert other == one or (math.isnan(one) and math.isnan(other)), (path, one, other)
+    else:
+        assert one == other, (path, one, other)

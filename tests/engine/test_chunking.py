@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import batch_from_padded
+from helpers import assert_same_tree, batch_from_padded
 from test_numpy_reference import CONFIGS, random_dump
 
 from mismatch_cli.batch import Batch, concat_rows
@@ -161,24 +161,6 @@ def test_only_consecutive_rows_of_one_file_are_joined() -> None:
     assert not _follows(a, Batch(**{**vars(b), "old_log_probs": b.old_log_probs.astype(np.float32)}))
 
 
-def _close(one, other, path: str = "") -> None:
-    """Two results' tables agree: equal structure, numbers to 1e-12 relative."""
-    if isinstance(one, dict):
-        assert one.keys() == other.keys(), path
-        for key in one:
-            _close(one[key], other[key], f"{path}/{key}")
-    elif isinstance(one, (list, tuple)):
-        assert len(one) == len(other), path
-        for i, (a, b) in enumerate(zip(one, other, strict=True)):
-            _close(a, b, f"{path}/{i}")
-    elif isinstance(one, float) and not np.isnan(one):
-        assert abs(other - one) <= 1e-12 * abs(one) + 1e-15, (path, one, other)
-    elif isinstance(one, float):
-        assert np.isnan(other), path
-    else:
-        assert one == other, path
-
-
 @pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[3], CONFIGS[6], {"semantics": "verl-0.6.0"},
                                     {"semantics": "trl"}], ids=["default", "is", "rs", "verl-0.6.0", "trl"])
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "straddling"])
@@ -196,11 +178,11 @@ def test_by_step_folds_each_chunk_once_and_changes_nothing(config: dict, aligned
     plain = run(chunks, correction, device="cpu", dtype="float64")
     for name in ("metrics", "rounds", "rounds_from_end", "intervals", "quantiles", "histograms", "worst_sequences",
                  "what_if", "signatures", "notes"):
-        _close(getattr(plain.overall, name), getattr(by_step.overall, name), name)
+        assert_same_tree(getattr(plain.overall, name), getattr(by_step.overall, name), 1e-12, name)
     for step, (start, stop) in {4: (0, 25), 7: (25, 45), 9: (45, 60)}.items():
         alone = run([whole.slice_rows(start, stop)], correction, device="cpu", dtype="float64", rounds=True,
                     bootstrap=0)
         expected = {k: v for k, v in alone.overall.metrics.items() if k in by_step.steps[step].metrics}
         assert expected.keys() == by_step.steps[step].metrics.keys()
-        _close(expected, by_step.steps[step].metrics, f"step {step}")
-        _close(alone.overall.rounds, by_step.steps[step].rounds, f"step {step} rounds")
+        assert_same_tree(expected, by_step.steps[step].metrics, 1e-12, f"step {step}")
+        assert_same_tree(alone.overall.rounds, by_step.steps[step].rounds, 1e-12, f"step {step} rounds")

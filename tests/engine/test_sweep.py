@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from helpers import assert_same_tree
 
 from mismatch_cli.batch import Batch
 from mismatch_cli.correction import CorrectionConfig, resolve
@@ -53,24 +54,6 @@ def dirty_batch(seed: int, rows: int = 90, steps: bool = False, turns: int = 0) 
                  steps=np.repeat(np.arange(3), [rows // 3, rows // 3, rows - 2 * (rows // 3)]) if steps else None)
 
 
-def close(one, other, path: str = "") -> None:
-    """Equal structure; integers exact; floats to 1e-9 relative (float64 sums in another order)."""
-    if isinstance(one, dict):
-        assert one.keys() == other.keys(), path
-        for key in one:
-            close(one[key], other[key], f"{path}/{key}")
-    elif isinstance(one, (list, tuple)):
-        assert len(one) == len(other), path
-        for i, (a, b) in enumerate(zip(one, other, strict=True)):
-            close(a, b, f"{path}/{i}")
-    elif isinstance(one, float) and math.isfinite(one):
-        assert abs(other - one) <= 1e-9 * abs(one) + 1e-12, (path, one, other)
-    elif isinstance(one, float):
-        assert other == one or (math.isnan(one) and math.isnan(other)), (path, one, other)
-    else:
-        assert one == other, (path, one, other)
-
-
 TABLES = ("metrics", "rounds", "rounds_from_end", "intervals", "quantiles", "histograms", "worst_sequences",
           "what_if", "signatures", "notes")
 
@@ -88,10 +71,10 @@ def test_sweep_gives_the_numpy_passes_results(seed: int, config: dict) -> None:
     with sweep.forced(True):
         fused = run(batches, correction, device="cpu", by_step=True)
     for name in TABLES:
-        close(getattr(numpy_path.overall, name), getattr(fused.overall, name), name)
+        assert_same_tree(getattr(numpy_path.overall, name), getattr(fused.overall, name), 1e-9, name)
     assert numpy_path.steps.keys() == fused.steps.keys()
     for step, result in numpy_path.steps.items():
-        close(result.metrics, fused.steps[step].metrics, f"step {step}")
+        assert_same_tree(result.metrics, fused.steps[step].metrics, 1e-9, f"step {step}")
 
 
 def test_sweep_sums_match_float64_by_hand() -> None:
