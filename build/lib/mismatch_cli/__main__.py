@@ -1,5 +1,0 @@
-"""`python -m mismatch_cli` runs the CLI."""
-
-from mismatch_cli.cli import main
-
-main()

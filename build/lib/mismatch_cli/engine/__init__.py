@@ -1,1 +1,0 @@
-"""The streaming engine: chunks of whole sequences in, mergeable fixed-size state, metrics out."""

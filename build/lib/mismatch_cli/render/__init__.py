@@ -1,1 +1,0 @@
-"""Renderers: finished reports in, tables / Markdown / JSON out. They compute nothing."""
