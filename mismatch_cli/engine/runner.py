@@ -230,9 +230,7 @@ class Analysis:
         compute_dtype = DTYPES[self.dtype]
         for batch in bounded(whole, self.chunk_positions):
             if batch.num_rows:
-                chunk = make_chunk(batch, self.device, compute_dtype, self.fused)
-                start_token_sums(chunk)
-                self.fold(batch, chunk)
+                self.fold(batch, make_chunk(batch, self.device, compute_dtype, self.fused))
 
     def fold(self, batch: Batch, chunk: Chunk) -> None:
         """Fold one bounded batch whose chunk is already made (several analyses may share one chunk)."""
@@ -241,6 +239,7 @@ class Analysis:
         pieces = _pieces([keys for _, keys in columns], batch.num_rows)
         compute_dtype = DTYPES[self.dtype]
         if not columns:
+            start_token_sums(chunk)  # the fused sweep, on its own thread while the first accumulators fold
             self.overall.update(chunk)
         elif pieces is not None:
             # Each run of rows of one step (and one value of each --by column) is folded once, into a fresh
@@ -249,11 +248,13 @@ class Analysis:
             for start, stop in pieces:
                 part = chunk if stop - start == batch.num_rows else make_chunk(
                     batch.slice_rows(start, stop), self.device, compute_dtype, self.fused)
+                start_token_sums(part)
                 shared = self._breakdown()
                 self.overall.update_from(part, shared, shared.update(part))
                 for states, keys in columns:
                     self._state(states, keys[start]).merge(shared)
         else:  # rows of many groups interleaved: each group's rows are analyzed again as a batch of their own
+            start_token_sums(chunk)
             self.overall.update(chunk)
             for states, keys in columns:
                 for label, part in _split_rows(batch, keys):
