@@ -293,7 +293,7 @@ def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp
         octaves[3, k] += exp_abs[t]
         max_abs_p = max(max_abs_p, abs(exp_old[t] - exp_rollout[t]))  # here: a max would stop the vectorizing
         o = old[t]
-        tail = o < below  # a stand-in divisor off the tail keeps the index finite
+        tail = o < below  # a stand-in divisor off the tail keeps the index finite (valid tokens are finite)
         slope = rollout[t] / (o if tail else below) * scale
         slopes[int(min(max(slope, np.float32(0.0)), top))] += tail
     t = 0
