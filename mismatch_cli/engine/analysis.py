@@ -99,13 +99,15 @@ class BatchAccumulator:
         ordered = tuple(getattr(self, name) for name in ACCUMULATORS)
         self.accumulators: list[Accumulator] = [a for a in ordered if a is not None]
         check_order(self.accumulators)
-        self.updating = [a for a in self.accumulators if not a.late] + [a for a in self.accumulators if a.late]
+        # Update order: the late ones (reading the fused sweep, deciding nothing) after the others.
+        present = [name for name in ACCUMULATORS if getattr(self, name) is not None]
+        self.updating = sorted(present, key=lambda name: getattr(self, name).late)
 
     def update(self, chunk: Chunk) -> ChunkDecisions:
         """Fold one chunk of whole sequences into every family's state; returns what the deciders decided."""
         decisions = ChunkDecisions()
-        for accumulator in self.updating:
-            accumulator.update(chunk, decisions)
+        for name in self.updating:
+            getattr(self, name).update(chunk, decisions)
         return decisions
 
     def update_from(self, chunk: Chunk, part: BatchAccumulator, decisions: ChunkDecisions) -> None:
@@ -114,10 +116,8 @@ class BatchAccumulator:
         Its accumulators' states merge in, as a shard's would, instead of redoing their per-token work; the
         ones `part` lacks (the extras) update from the chunk with the decisions `part`'s deciders made.
         """
-        for name in sorted(ACCUMULATORS, key=lambda name: getattr(getattr(self, name), "late", False)):
+        for name in self.updating:
             mine, theirs = getattr(self, name), getattr(part, name)
-            if mine is None:
-                continue
             if theirs is not None:
                 mine.merge(theirs)
             else:

@@ -222,9 +222,7 @@ class PositionProfile:
 
     def merge(self, other: PositionProfile) -> None:
         """Add another profile's sums."""
-        self._grow(other.sums.numel())
-        self.sums[: other.sums.numel()] += other.sums.to(self.sums.device)
-        self.tokens[: other.tokens.numel()] += other.tokens.to(self.tokens.device)
+        self.add(other.sums.to(self.sums.device), other.tokens.to(self.tokens.device))
 
     def compute(self) -> dict[str, object]:
         """Mean |delta| per position bin, coarsened (bin widths doubling) to at most POSITION_MAX_BINS bins."""
@@ -257,6 +255,8 @@ class DiagnosticsAccumulator(Accumulator):
         s.add("tokens", float(chunk.num_tokens))
         s.add("rows", float(chunk.num_rows))
         s.add("empty_rows", (~chunk.row_valid).sum())
+        for name in ("nonfinite_tokens", "sentinel_tokens"):
+            s.add(name, float(chunk.quality[name]))
         fused = token_sums(chunk)
         if fused is not None:
             self._fused_token_sums(chunk, fused)
@@ -293,8 +293,6 @@ class DiagnosticsAccumulator(Accumulator):
         s.add("sum_exp_abs", _exp(abs_log_ratio, scratch("x", n, dtype, device)))
         s.add("sum_ratio", chunk.ratio_safe)
         s.add("sum_ratio_sq", chunk.total(chunk.ratio_safe_sq))
-        for name in ("nonfinite_tokens", "sentinel_tokens"):
-            s.add(name, float(chunk.quality[name]))
         if n == 0:
             return
         self.counts += torch.bincount(signed_buckets(log_ratio), minlength=2 * NUM_BUCKETS)
@@ -306,8 +304,6 @@ class DiagnosticsAccumulator(Accumulator):
         s, sums = self.state, fused.sums
         for name in ("sum_abs", "sum_log_ratio", "negative", "sum_exp_abs", "sum_ratio", "sum_ratio_sq"):
             s.add(name, sums[name])
-        for name in ("nonfinite_tokens", "sentinel_tokens"):
-            s.add(name, float(chunk.quality[name]))
         self.counts += fused.sketch
         self.prob.add(float(chunk.num_tokens), sums)
         self.positions.add(fused.position_sums, fused.position_tokens)

@@ -142,14 +142,12 @@ class SignaturesAccumulator(Accumulator):
         s.add("ratio_excess", excess)
         s.add("ratio_excess_sq", excess.mul_(excess))
         fused = token_sums(chunk)
+        self.tail_slopes += fused.slopes if fused is not None else _tail_slopes(chunk.old, chunk.rollout)
         if fused is not None:
-            self.tail_slopes += fused.slopes
             self._fused_sums(fused)
         elif numpy_kernels(chunk.old):
-            self.tail_slopes += _tail_slopes(chunk.old, chunk.rollout)
             self._host_sums(chunk)
         else:
-            self.tail_slopes += _tail_slopes(chunk.old, chunk.rollout)
             self._device_sums(chunk)
         self.tokens.update(chunk)
 
