@@ -1,7 +1,7 @@
 """In-process engine throughput: the accumulators over batches already in memory, no reading, no start-up.
 
     python bench/bench_engine.py [--tokens 10000000] [--turns 1 4] [--repeats 3] [--device cpu] [--profile]
-                                 [--chunk-positions N] [--fused]
+                                 [--chunk-positions N] [--fused] [--gpu-sweep on|off|both]
 
 Makes a `mismatch synth` dump per turn count (rows over 10 steps; kept in --workdir), reads it once into
 memory, then times `Analysis.update` + `finish` over those batches with the default and the full
@@ -10,20 +10,25 @@ alternating, one torch thread (as `analyze` runs). Prints Mtok/s per run and the
 `--fused` takes the fused CPU sweep (engine/sweep.py), as `analyze` does on inputs of 256 MiB or more;
 its thread's CPU time counts (the clock is the process's CPU time).
 `--profile` prints cProfile's top functions of one full-configuration run instead (on CUDA: torch's
-profiler, with the kernels launched and the host waits per chunk). `--chunk-positions N` joins
-consecutive batches into chunks of up to N positions, as the GPU path does (default: the device's own
-setting). A benchmark, not a test.
+profiler, with the host time of each accumulator's update, the kernels launched and the host waits per
+chunk). `--gpu-sweep both` alternates runs with the fused GPU sweep (engine/sweep_gpu.py) and without.
+`--chunk-positions N` joins consecutive batches into chunks of up to N positions, as the GPU path does
+(default: the device's own setting). A benchmark, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -62,14 +67,48 @@ def once(batches: list, config: CorrectionConfig, device: str, chunk_positions: 
     return clock() - start
 
 
+@contextmanager
+def by_accumulator() -> Iterator[None]:
+    """Name each accumulator's update in torch's profiler (`accumulator:Name`)."""
+    from torch.profiler import record_function
+
+    from mismatch_cli.engine import analysis
+
+    classes = {type(a) for a in analysis.BatchAccumulator(resolve(FULL), torch.device("cpu")).accumulators}
+    saved = {cls: cls.update for cls in classes}
+
+    def named(cls: type) -> Callable:
+        def update(self: Any, *args: Any) -> Any:
+            with record_function(f"accumulator:{cls.__name__}"):
+                return saved[cls](self, *args)
+        return update
+
+    for cls in classes:
+        cls.update = named(cls)
+    try:
+        yield
+    finally:
+        for cls, update in saved.items():
+            cls.update = update
+
+
 def profile_cuda(batches: list, device: str, chunk_positions: int | None) -> None:
     """torch's profiler over one full-configuration run: kernel launches and host waits per chunk, top host ops."""
     from torch.profiler import ProfilerActivity, profile
 
     positions = sum(b.num_positions for b in batches)
     chunks = -(-positions // (chunk_positions or (1 << 22)))
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with by_accumulator(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         seconds = once(batches, FULL, device, chunk_positions)
+    ranges: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.name.startswith("accumulator:"):
+            took = ranges.setdefault(event.name, [0, 0.0, 0.0])
+            took[0] += 1
+            took[1] += event.cpu_time_total / 1e3
+    print("host time per accumulator update (ms per call, calls):")
+    for name, (calls, host_ms, _) in sorted(ranges.items(), key=lambda item: -item[1][1]):
+        print(f"  {name[12:]:28s} {host_ms / calls:8.2f} ms  x{calls}")
     events = prof.key_averages()
     kernels = sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
     kernel_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
@@ -93,6 +132,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--chunk-positions", type=int, default=None)
     parser.add_argument("--fused", action="store_true")
+    parser.add_argument("--gpu-sweep", choices=("on", "off", "both"), default="on")
     args = parser.parse_args()
     torch.set_num_threads(1)
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -112,13 +152,18 @@ def main() -> None:
             pstats.Stats(profile).sort_stats("tottime").print_stats(25)
             continue
         best: dict[str, float] = {}
+        sweeps = {"both": ("1", "0"), "on": ("1",), "off": ("0",)}[args.gpu_sweep]
         for _ in range(args.repeats):
-            for label, config in (("default", CorrectionConfig()), ("full", FULL)):
-                seconds = once(batches, config, args.device, args.chunk_positions, args.fused)
-                best[label] = min(best.get(label, seconds), seconds)
-                print(f"turns {turns} {label:8s} {seconds:6.3f} s  {tokens / seconds / 1e6:6.1f} Mtok/s", flush=True)
-        print(f"turns {turns}: {tokens / 1e6:.1f}M valid tokens; best default {tokens / best['default'] / 1e6:.1f} "
-              f"Mtok/s, full {tokens / best['full'] / 1e6:.1f} Mtok/s")
+            for sweep in sweeps:
+                os.environ["MISMATCH_FUSED"] = sweep  # read per chunk: the GPU sweep on (1) or off (0)
+                for name, config in (("default", CorrectionConfig()), ("full", FULL)):
+                    label = name if len(sweeps) == 1 else f"{name}/sweep{'+' if sweep == '1' else '-'}"
+                    seconds = once(batches, config, args.device, args.chunk_positions, args.fused)
+                    best[label] = min(best.get(label, seconds), seconds)
+                    print(f"turns {turns} {label:15s} {seconds:6.3f} s  {tokens / seconds / 1e6:7.1f} Mtok/s",
+                          flush=True)
+        print(f"turns {turns}: {tokens / 1e6:.1f}M valid tokens; best "
+              + ", ".join(f"{label} {tokens / seconds / 1e6:.1f}" for label, seconds in best.items()) + " Mtok/s")
 
 
 if __name__ == "__main__":

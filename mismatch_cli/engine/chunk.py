@@ -13,7 +13,7 @@ import torch
 
 from mismatch_cli.batch import Batch
 from mismatch_cli.correction import SAFETY_BOUND
-from mismatch_cli.engine import sweep
+from mismatch_cli.engine import sweep, sweep_gpu
 from mismatch_cli.engine.formulas import chi2_seq_terms, chi2_token_terms
 from mismatch_cli.engine.ops import (
     MAX_CHUNK_POSITIONS,
@@ -183,9 +183,16 @@ class Chunk:
 
     def fuse_row_sums(self) -> None:
         """Take the row sums and totals of old, rollout, the log-ratio, its magnitude, the safe ratio, its square
-        and k3 in one fused pass (engine/sweep.py), for `row_sum` and `total` to hand out."""
+        and k3 in one fused pass (engine/sweep.py; on a GPU engine/sweep_gpu.py), for `row_sum` and `total`."""
         tensors = (self.old, self.rollout, self.log_ratio, self.abs_log_ratio, self.ratio_safe, self.ratio_safe_sq,
                    self.k3)
+        if sweep_gpu.wanted(self.old):
+            rows = sweep_gpu.segment_sums(*tensors[:2], *tensors[4:], self.lengths)
+            sums = rows.sum(1)
+            for column, values in enumerate(tensors):
+                self._row_sums[id(values)] = (values, rows[column])
+                self._totals[id(values)] = (values, sums[column])
+            return
         table = sweep.segment_sums(self.old.numpy(), self.rollout.numpy(), self.ratio_safe.numpy(),
                                    self.ratio_safe_sq.numpy(), self.k3.numpy(), self.lengths.numpy())
         totals = table.sum(axis=0)

@@ -306,7 +306,10 @@ class DiagnosticsAccumulator(Accumulator):
             s.add(name, sums[name])
         self.counts += fused.sketch
         self.prob.add(float(chunk.num_tokens), sums)
-        self.positions.add(fused.position_sums, fused.position_tokens)
+        if fused.position_sums is None:  # the GPU sweep leaves the position profile to torch's segment sums
+            self.positions.update(chunk)
+        else:
+            self.positions.add(fused.position_sums, fused.position_tokens)
 
     def merge(self, other: DiagnosticsAccumulator) -> None:
         """Fold another accumulator into this one."""

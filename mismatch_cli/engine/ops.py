@@ -65,20 +65,6 @@ def flag_indices(flags: torch.Tensor, count: int) -> torch.Tensor:
     return torch.nonzero_static(flags, size=count).flatten()
 
 
-def padded_indices(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Indices of the set flags without a host round trip, and which of them are real.
-
-    On the CPU, exactly the set ones (and None). On a device the count is unknown to the host, so the
-    result has one slot per flag, the unused ones pointing at index n (one past the end) and marked
-    False: callers gather from arrays extended by one neutral element and weight by the marks.
-    """
-    if numpy_kernels(flags):
-        return torch.from_numpy(np.flatnonzero(flags.numpy())), None
-    n = flags.numel()
-    index = torch.nonzero_static(flags, size=n, fill_value=n).flatten()
-    return index, index < n
-
-
 def segment_sum(values: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Sums of consecutive segments of `values` with the given lengths (0 for an empty segment).
 

@@ -103,15 +103,16 @@ class RejectionAccumulator(Accumulator):
                 s.add(f"{name}:sum_c_sq", (clamped.square() * tokens).sum())
                 s.add(f"{name}:rejected_tokens", (rejected_rows * tokens).sum())
                 row_reject_any |= rejected_rows
-            valid_values = row_value[valid]
-            self.row_stats[name].update(valid_values)
-            if valid_values.numel():
-                s.max(f"{name}:seq_max", valid_values.max())
-                s.min(f"{name}:seq_min", valid_values.min())
-                s.max(f"{name}:seq_max_deviation", valid_values.abs().max())
-            s.add(f"{name}:seq_count_high", (valid_values > bounds.high).sum())
+            # Over the valid rows, without selecting them (a selection waits for the device to size it).
+            row_value = row_value.to(F64)
+            self.row_stats[name].update_where(row_value, valid)
+            if chunk.num_tokens:  # then some row is valid
+                s.max(f"{name}:seq_max", torch.where(valid, row_value, -math.inf).max())
+                s.min(f"{name}:seq_min", torch.where(valid, row_value, math.inf).min())
+                s.max(f"{name}:seq_max_deviation", torch.where(valid, row_value.abs(), -math.inf).max())
+            s.add(f"{name}:seq_count_high", ((row_value > bounds.high) & valid).sum())
             if is_k1:
-                s.add(f"{name}:seq_count_low", (valid_values < bounds.low).sum())
+                s.add(f"{name}:seq_count_low", ((row_value < bounds.low) & valid).sum())
             s.add(f"{name}:rejected_rows", (rejected_rows & valid).sum())
         # Combined keep = AND of all options: a row rejected by a sequence option loses all its
         # tokens; elsewhere the tokens rejected by any token option are lost.

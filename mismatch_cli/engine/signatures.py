@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mismatch_cli.engine import sweep
+from mismatch_cli.engine import sweep, sweep_gpu
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.ops import numpy_kernels, scratch, total
 from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution, finite_or_none
@@ -81,10 +81,18 @@ def _host_octaves(delta: np.ndarray, device: torch.device) -> np.ndarray:
 
 
 def start_token_sums(chunk: Chunk) -> None:
-    """Start the chunk's fused sweep on the sweep's thread, where it runs (the accumulators before the diagnostics
-    overlap with it); `token_sums` waits for it."""
+    """Start the chunk's fused sweep: on a GPU its kernels, else on the sweep's thread, where it runs (the
+    accumulators before the diagnostics overlap with it); `token_sums` waits for it."""
     laid_out = chunk.layout is not None and chunk.offsets is not None
-    if "token_sums" in chunk.shared or not chunk.num_tokens or not laid_out or not sweep.wanted(chunk.old, chunk.fused):
+    if "token_sums" in chunk.shared or not chunk.num_tokens or not laid_out:
+        return
+    if sweep_gpu.wanted(chunk.old):  # on a GPU: launched here, asynchronous like every device kernel
+        chunk.fuse_row_sums()
+        chunk.shared["token_sums"] = sweep_gpu.token_sums(
+            chunk.old, chunk.rollout, chunk.ratio_safe, chunk.ratio_safe_sq, chunk.lengths, FILL_LOG_RATIO, TAIL_NATS,
+            SLOPE_BINS / SLOPE_RANGE, SLOPE_BINS)
+        return
+    if not sweep.wanted(chunk.old, chunk.fused):
         return
     assert chunk.layout is not None
     chunk.fuse_row_sums()

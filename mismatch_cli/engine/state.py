@@ -42,7 +42,8 @@ class Reducer:
         if isinstance(value, torch.Tensor):
             # A 0-d float32 tensor is a sum already taken in float32: chunk-dependent, so refused here.
             assert value.dim() > 0 or value.dtype == F64 or not value.is_floating_point(), name
-            value = total(value)
+            if value.dim() > 0 or value.dtype != F64:  # a 0-d float64 tensor is its own total
+                value = total(value)
         self._put(name, value, "sum")
 
     def max(self, name: str, value: torch.Tensor | float) -> None:
@@ -94,6 +95,14 @@ class Moments:
         count = values.new_full((), float(values.numel()))  # a fill on the device, not a copy
         mean = values.mean()
         m2 = ((values - mean) ** 2).sum()
+        self._combine(count, mean, m2)
+
+    def update_where(self, values: torch.Tensor, keep: torch.Tensor) -> None:
+        """Add the values where `keep` is set (1-D, same length), without selecting them on the host."""
+        values = values.to(F64)
+        count = keep.sum().to(F64)
+        mean = torch.where(keep, values, 0.0).sum() / count.clamp_min(1.0)
+        m2 = torch.where(keep, (values - mean) ** 2, 0.0).sum()
         self._combine(count, mean, m2)
 
     def merge(self, other: Moments) -> None:

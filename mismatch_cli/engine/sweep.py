@@ -114,12 +114,12 @@ def wanted(values: torch.Tensor, asked: bool) -> bool:
 class TokenSums:
     """One chunk's token sums (SUMS), sketch counts of delta, signed |delta| octaves, tail slopes, position bins."""
 
-    sums: dict[str, float]
+    sums: dict[str, float] | dict[str, torch.Tensor]  # floats, or 0-d float64 device tensors (engine/sweep_gpu.py)
     sketch: torch.Tensor  # int64 [SKETCH_SIZE]: the diagnostics' signed sketch counts of delta
     octaves: torch.Tensor  # float64 [4, OCTAVES]: tokens, sum ratio_safe^2, sum ratio_safe, sum exp|delta|
     slopes: torch.Tensor  # float64 [slope bins]: tokens with old < -tail per bin of rollout / old
-    position_sums: torch.Tensor  # float64 [bins]: sum |delta| per POSITION_BIN positions within the row
-    position_tokens: torch.Tensor  # int64 [bins]
+    position_sums: torch.Tensor | None  # float64 [bins]: sum |delta| per POSITION_BIN positions within the row
+    position_tokens: torch.Tensor | None  # int64 [bins] (both None: the profile is left to the diagnostics)
 
 
 def token_sums(old: np.ndarray, rollout: np.ndarray, log_ratio: np.ndarray, abs_log_ratio: np.ndarray,

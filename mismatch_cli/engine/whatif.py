@@ -18,12 +18,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from mismatch_cli.correction import SAFETY_BOUND, RsOption
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.formulas import ess
-from mismatch_cli.engine.ops import numpy_kernels, padded_indices, scratch, total
+from mismatch_cli.engine.ops import numpy_kernels, scratch, total
 from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.rejection import OptionBounds, token_statistic
 from mismatch_cli.engine.state import F64
@@ -88,12 +89,14 @@ class WhatIfAccumulator(Accumulator):
         self.scenarios = scenarios
         self.device = device
         self.table = torch.zeros((len(scenarios), len(COLUMNS)), dtype=F64, device=device)
+        self.host_table = np.zeros((len(scenarios), len(COLUMNS)))  # the cells the host knows (token counts)
         self.tokens = 0
         self.valid_rows: torch.Tensor | int = 0  # a device count until compute()
         self.cell_index: dict[tuple[int, ...], torch.Tensor] = {}
         self.constants: dict[tuple[str, torch.dtype], torch.Tensor] = {}
         self.index = {family: [i for i, s in enumerate(scenarios) if s.family == family]
                       for family in ("none", "tis", "icepop", "rs", "veto")}
+        self.weigh_all = [i for i, s in enumerate(scenarios) if s.family not in ("rs", "veto")]  # no row dropped
         self.tis_token = [i for i in self.index["tis"] if scenarios[i].level == "token"]
         self.tis_seq = [i for i in self.index["tis"] if scenarios[i].level == "sequence"]
         self.icepop_token = [i for i in self.index["icepop"] if scenarios[i].level == "token"]
@@ -125,29 +128,27 @@ class WhatIfAccumulator(Accumulator):
         cells: list[torch.Tensor] = []  # this chunk's additions, one flat table cell per element
         cell_index: list[int] = []
 
-        def put(i: int | list[int], columns: list[int], *values: torch.Tensor | float) -> None:
-            rows_i = [i] if isinstance(i, int) else i
-            for column, value in zip(columns, values, strict=True):
-                if not isinstance(value, torch.Tensor):
-                    value = torch.full((), value, dtype=F64, device=device)  # a fill, not a host-to-device copy
-                cells.append(value.to(F64).reshape(-1).expand(len(rows_i)))
-                cell_index.extend(r * len(COLUMNS) + column for r in rows_i)
+        def put_block(settings: list[int], columns: list[int], block: torch.Tensor) -> None:
+            """Add a float64 [settings, columns] block (one row may stand for every setting) to those cells."""
+            cells.append(block.expand(len(settings), len(columns)).reshape(-1))
+            cell_index.extend(r * len(COLUMNS) + column for r in settings for column in columns)
 
-        # Candidate tokens: the only ones a token-level rule can act on (padded on a device: padded_indices).
+        # Candidate tokens: the only ones a token-level rule can act on. On the CPU they are picked out; on a
+        # device every token stays, the others weighted 0 (a padded gather costs as much as the tokens, and
+        # the padding's scatter into one row serialized on a GPU's atomics).
         is_candidate = torch.gt(chunk.abs_log_ratio, self.candidate_bound, out=scratch("flag", n, torch.bool, device))
-        index, present = padded_indices(is_candidate)
-        if present is not None:
-            index = index.clamp(max=n - 1)
-        real = present if present is not None else torch.ones_like(index, dtype=torch.bool)
+        on_host = numpy_kernels(device)
+        if on_host:
+            index = torch.from_numpy(np.flatnonzero(is_candidate.numpy()))
+            log_ratio_c, ratio_c, ratio_sq_c = (chunk.log_ratio[index], chunk.ratio_safe[index],
+                                                chunk.ratio_safe_sq[index].to(F64))
+            real = torch.ones_like(index, dtype=torch.bool)
+            row_c = torch.searchsorted(torch.cumsum(chunk.lengths, 0), index, right=True)
+        else:
+            log_ratio_c, ratio_c, real = chunk.log_ratio, chunk.ratio_safe, is_candidate
+            ratio_sq_c = chunk.ratio_safe_sq.to(F64) * real
         real64 = real.to(F64)
-        log_ratio_c = chunk.log_ratio[index]
-        ratio_c = chunk.ratio_safe[index]
         ratio_c64 = (ratio_c.to(F64) * real64)[:, None]
-        ratio_sq_c = chunk.ratio_safe_sq[index].to(F64) * real64  # the squares row_r_sq holds
-        # A padded slot belongs to the extra row B, dropped below.
-        row_c = torch.searchsorted(torch.cumsum(chunk.lengths, 0), index, right=True)
-        if present is not None:
-            row_c = torch.where(real, row_c, rows)
         # Weight sums of the other tokens: total - candidates (the same float values on both sides), unless a
         # huge candidate weight (up to e^20) would swamp the small ones' squares; then they are summed directly.
         rest_r, rest_r_sq = row_r.sum() - ratio_c64.sum(), row_r_sq.sum() - ratio_sq_c.sum()
@@ -158,7 +159,7 @@ class WhatIfAccumulator(Accumulator):
             # In float64: a float32 sum would depend on the chunking.
             return total(rest).to(device), total(rest.square_()).to(device)
 
-        if numpy_kernels(device):
+        if on_host:
             if bool(huge):
                 rest_r, rest_r_sq = direct()
         else:  # no host round trip: both ways, then pick
@@ -166,12 +167,20 @@ class WhatIfAccumulator(Accumulator):
             rest_r, rest_r_sq = torch.where(huge, direct_r, rest_r), torch.where(huge, direct_r_sq, rest_r_sq)
 
         def rows_hit(flags: torch.Tensor) -> torch.Tensor:
-            """[B, J] bool: the row holds at least one flagged (real) candidate, per setting."""
-            hits = torch.zeros((rows + 1, flags.shape[1]), dtype=torch.int64, device=device)
-            return hits.index_add_(0, row_c, (flags & real[:, None]).to(torch.int64))[:rows] > 0
+            """[B, J] bool: the row holds at least one flagged candidate, per setting (the CPU's candidates)."""
+            hits = torch.zeros((rows, flags.shape[1]), dtype=torch.int64, device=device)
+            return hits.index_add_(0, row_c, flags.to(torch.int64)) > 0
 
-        for i in self.index["none"]:
-            put(i, [_W, _W2, _N], row_r.sum(), row_r_sq.sum(), tokens)
+        def extreme(values: torch.Tensor, how: str) -> torch.Tensor:
+            """[B, 1] each row's smallest or largest value (+-inf for an empty row, which nothing hits)."""
+            initial = math.inf if how == "min" else -math.inf
+            return torch.segment_reduce(values, how, lengths=chunk.lengths, unsafe=True, initial=initial)[:, None]
+
+        # The tokens every setting weighs (all but the dropped rows') are known on the host: no device op.
+        self.host_table[self.weigh_all, _N] += tokens
+        none = self.index["none"]
+        if none:
+            put_block(none, [_W, _W2], torch.stack([row_r.sum(), row_r_sq.sum()])[None, :])
         if self.tis_token:
             upper = self._constant("tis", [float(self.scenarios[i].threshold) for i in self.tis_token], F64, device)
             # verl truncates with raw.clamp(max=U): a float32 weight above a float32 U.
@@ -179,46 +188,50 @@ class WhatIfAccumulator(Accumulator):
                                      ratio_c.dtype, device)
             over = (ratio_c[:, None] > upper_c[None, :]) & real[:, None]
             weight = torch.minimum(ratio_c64, upper[None, :]) * real64[:, None]
-            put(self.tis_token, [_T, _W, _W2, _N], over.sum(0), rest_r + weight.sum(0),
-                rest_r_sq + (weight**2).sum(0), torch.full_like(upper, tokens))
+            put_block(self.tis_token, [_T, _W, _W2], torch.stack(
+                [over.sum(0).to(F64), rest_r + weight.sum(0), rest_r_sq + (weight**2).sum(0)], dim=1))
         if self.icepop_token:
             lower, upper = (self._constant(f"icepop{j}", list(b), ratio_c.dtype, device)
                             for j, b in enumerate(zip(*self.icepop_token_bands, strict=True)))
             zeroed = ~((ratio_c[:, None] >= lower) & (ratio_c[:, None] <= upper)) & real[:, None]
             weight = torch.where(zeroed, 0.0, ratio_c64)
-            put(self.icepop_token, [_M, _R, _W, _W2, _N], zeroed.sum(0), rows_hit(zeroed).sum(0),
-                rest_r + weight.sum(0), rest_r_sq + (weight**2).sum(0),
-                torch.full((len(self.icepop_token),), tokens, dtype=F64, device=device))
+            # Valid tokens are finite, so a row holds a zeroed one iff its smallest or largest ratio is outside.
+            hit = rows_hit(zeroed) if on_host else (extreme(ratio_c, "min") < lower) | (extreme(ratio_c, "max") > upper)
+            put_block(self.icepop_token, [_M, _R, _W, _W2], torch.stack(
+                [zeroed.sum(0).to(F64), hit.sum(0).to(F64), rest_r + weight.sum(0), rest_r_sq + (weight**2).sum(0)],
+                dim=1))
 
         log_sum = chunk.log_ratio_row_sum
-        raw_row = torch.exp(log_sum.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+        raw_row = torch.exp(log_sum.clamp(-SAFETY_BOUND, SAFETY_BOUND))[:, None]
         # IS never changes the mask (IcePop zeroes weights, it does not mask): those rows keep every token's kl.
-        keeps_all = [*self.index["none"], *self.tis_token, *self.icepop_token, *self.tis_seq, *self.icepop_seq]
+        keeps_all = [*none, *self.tis_token, *self.icepop_token, *self.tis_seq, *self.icepop_seq]
         if keeps_all:
-            put(keeps_all, [_S], log_sum.sum())
-        for i in self.tis_seq:
-            upper = float(self.scenarios[i].threshold)
-            weight = raw_row.clamp(max=upper)
-            put(i, [_T, _W, _W2, _N], torch.where(raw_row > upper, row_tokens, 0.0).sum(), row_tokens @ weight,
-                row_tokens @ weight**2, tokens)
-        for i in self.icepop_seq:
-            lower, upper = _bounds(str(self.scenarios[i].threshold))
+            put_block(keeps_all, [_S], log_sum.sum().reshape(1, 1).expand(len(keeps_all), 1))
+        if self.tis_seq:  # every threshold at once: [B, J] weights, row-token-weighted sums by one product
+            upper = self._constant("tis_seq", [float(self.scenarios[i].threshold) for i in self.tis_seq], F64, device)
+            weight = torch.minimum(raw_row, upper)
+            truncated = (raw_row > upper).to(F64)
+            put_block(self.tis_seq, [_T, _W, _W2],
+                      (row_tokens @ torch.stack([truncated, weight, weight * weight], dim=2).reshape(rows, -1))
+                      .reshape(-1, 3))
+        if self.icepop_seq:
+            lower, upper = (self._constant(f"icepop_seq{j}", [_bounds(str(self.scenarios[i].threshold))[j]
+                                                               for i in self.icepop_seq], F64, device)
+                            for j in (0, 1))
             kept = (raw_row >= lower) & (raw_row <= upper)
             weight = torch.where(kept, raw_row, 0.0)
-            put(i, [_M, _R, _W, _W2, _N], torch.where(kept, 0.0, row_tokens).sum(), (~kept & valid).sum(),
-                row_tokens @ weight, row_tokens @ weight**2, tokens)
+            sums = row_tokens @ torch.stack([(~kept).to(F64), weight, weight * weight], dim=2).reshape(rows, -1)
+            sums = sums.reshape(-1, 3)
+            put_block(self.icepop_seq, [_M, _R, _W, _W2], torch.stack(
+                [sums[:, 0], (~kept & valid[:, None]).sum(0).to(F64), sums[:, 1], sums[:, 2]], dim=1))
 
-        def drop_rows(i: int, rejected: torch.Tensor) -> None:
-            # Sums over the kept rows themselves: "total - dropped" would cancel when nearly all are dropped.
-            masked = torch.where(rejected, row_tokens, 0.0).sum()
-            put(i, [_M, _R, _W, _W2, _N, _S], masked, rejected.sum(), torch.where(rejected, 0.0, row_r).sum(),
-                torch.where(rejected, 0.0, row_r_sq).sum(), tokens - masked, torch.where(rejected, 0.0, log_sum).sum())
-
+        dropping: list[int] = []  # settings that drop whole rows, and their rejected rows
+        rejected: list[torch.Tensor] = []
         if self.index["rs"]:
             # Nothing clamped: sum_t (r - 1 - l) = sum_t r - n - S_i, summed in float64 (no token pass).
             safe_sum, k3_sum = log_sum, row_r - row_tokens - log_sum
             clamped = ((log_ratio_c.abs() > SAFETY_BOUND) & real).any()
-            if not numpy_kernels(device) or bool(clamped):
+            if not on_host or bool(clamped):
                 # Some token is clamped at +-20: the clamped statistics as verl computes them (on a device,
                 # computed either way and picked without a host round trip).
                 direct_safe = chunk.row_sum(chunk.log_ratio_safe)
@@ -231,12 +244,21 @@ class WhatIfAccumulator(Accumulator):
                 bounds = self.rs_bounds[i]
                 stat = statistics[str(self.scenarios[i].option)]
                 keep = (stat >= bounds.low) & (stat <= bounds.high) if bounds.option.is_k1 else stat <= bounds.high
-                drop_rows(i, ~keep & valid)
+                dropping.append(i)
+                rejected.append(~keep & valid)
         if self.index["veto"]:
             logs = self._constant("veto", self.veto_logs, log_ratio_c.dtype, device)
-            vetoed = rows_hit(log_ratio_c[:, None] < logs[None, :]) & valid[:, None]
-            for j, i in enumerate(self.index["veto"]):
-                drop_rows(i, vetoed[:, j])
+            vetoed = (rows_hit(log_ratio_c[:, None] < logs[None, :]) if on_host
+                      else extreme(log_ratio_c, "min") < logs[None, :]) & valid[:, None]
+            dropping += self.index["veto"]
+            rejected += list(vetoed.unbind(1))
+        if dropping:
+            # Sums over the kept rows themselves: "total - dropped" would cancel when nearly all are dropped.
+            dropped = torch.stack(rejected, dim=1)  # [B, settings]
+            masked = row_tokens @ dropped.to(F64)
+            kept_sums = torch.stack([row_r, row_r_sq, log_sum], dim=1).T @ (~dropped).to(F64)  # [3, settings]
+            put_block(dropping, [_M, _R, _W, _W2, _S, _N], torch.stack(
+                [masked, dropped.sum(0).to(F64), *kept_sums.unbind(0), tokens - masked], dim=1))
         key = tuple(cell_index)  # the same cells every chunk: their index goes to the device once
         if key not in self.cell_index:
             self.cell_index[key] = torch.tensor(key, dtype=torch.int64, device=device)
@@ -252,6 +274,7 @@ class WhatIfAccumulator(Accumulator):
     def merge(self, other: WhatIfAccumulator) -> None:
         """Fold another shard's table in."""
         self.table += other.table.to(self.table.device)
+        self.host_table += other.host_table
         self.tokens += other.tokens
         self.valid_rows = self.valid_rows + (other.valid_rows.to(self.device) if isinstance(other.valid_rows,
                                                                                               torch.Tensor) else 0)
@@ -260,7 +283,7 @@ class WhatIfAccumulator(Accumulator):
         """The what-if table, one row per setting: truncated / masked fractions, masked sequences, mean weight, ESS."""
         tokens, valid_rows = self.tokens, int(self.valid_rows)
         out: list[dict[str, object]] = []
-        for scenario, row in zip(self.scenarios, self.table.cpu().tolist(), strict=True):
+        for scenario, row in zip(self.scenarios, (self.table.cpu().numpy() + self.host_table).tolist(), strict=True):
             is_weight = scenario.family in ("tis", "icepop")
             weight_tokens = row[_N]
             mean = row[_W] / (weight_tokens + 1e-8)

@@ -1,0 +1,74 @@
+"""The fused GPU sweep (engine/sweep_gpu.py), run in Triton's interpreter on the CPU (CI has no GPU): the same
+numbers as numpy's passes and as the fused CPU sweep, on every kind of chunk."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_same_tree
+from test_sweep import TABLES, dirty_batch
+
+from mismatch_cli.correction import CorrectionConfig, resolve
+from mismatch_cli.engine import sweep, sweep_gpu
+from mismatch_cli.engine.chunk import make_chunk
+from mismatch_cli.engine.ops import torch_kernels_on_cpu
+from mismatch_cli.engine.runner import run
+from mismatch_cli.engine.signatures import FILL_LOG_RATIO, SLOPE_BINS, SLOPE_RANGE, TAIL_NATS
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
+                                reason="needs Triton, and a machine without a GPU (its interpreter runs here)")
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("config", [{}, {"rollout_is": "token", "rollout_is_threshold": 2.0,
+                                         "rollout_rs": "seq_mean_k1,token_k3", "rollout_rs_threshold": "1.01,0.5"}],
+                         ids=["default", "full"])
+def test_gpu_sweep_gives_the_numpy_passes_results(seed: int, config: dict) -> None:
+    # Against numpy's passes: the interpreter takes numpy's exp, as they do (torch's CPU exp differs in an ulp).
+    batches = [dirty_batch(seed, steps=True), dirty_batch(seed + 10, rows=7, steps=True),
+               dirty_batch(seed + 20, steps=True, turns=4)]
+    correction = resolve(CorrectionConfig(**config))
+    with sweep.forced(False):
+        numpy_path = run(batches, correction, device="cpu", by_step=True)
+    with torch_kernels_on_cpu(), sweep_gpu.interpreted():
+        fused = run(batches, correction, device="cpu", by_step=True)
+    for name in TABLES:
+        assert_same_tree(getattr(numpy_path.overall, name), getattr(fused.overall, name), 1e-9, name)
+    for step, result in numpy_path.steps.items():
+        assert_same_tree(result.metrics, fused.steps[step].metrics, 1e-9, f"step {step}")
+
+
+@pytest.mark.skipif(sweep._kernel() is None, reason="numba is not installed")
+@pytest.mark.parametrize("seed", [4, 5])
+def test_gpu_sweep_sums_equal_the_cpu_sweeps(seed: int) -> None:
+    chunk = make_chunk(dirty_batch(seed, rows=60), torch.device("cpu"), torch.float32)
+    arguments = (chunk.old, chunk.rollout, chunk.ratio_safe, chunk.ratio_safe_sq)
+    with sweep.forced(True):
+        want = sweep.token_sums(*(a.numpy() for a in (chunk.old, chunk.rollout, chunk.log_ratio,
+                                                       chunk.abs_log_ratio, chunk.ratio_safe, chunk.ratio_safe_sq)),
+                                chunk.lengths.numpy(), chunk.layout.keep.numpy(), chunk.offsets, FILL_LOG_RATIO,
+                                TAIL_NATS, SLOPE_BINS / SLOPE_RANGE, SLOPE_BINS)
+        want_rows = sweep.segment_sums(*(a.numpy() for a in arguments), chunk.k3.numpy(), chunk.lengths.numpy())
+    with torch_kernels_on_cpu(), sweep_gpu.interpreted():
+        got = sweep_gpu.token_sums(*arguments, chunk.lengths, FILL_LOG_RATIO, TAIL_NATS, SLOPE_BINS / SLOPE_RANGE,
+                                   SLOPE_BINS)
+        got_rows = sweep_gpu.segment_sums(*arguments, chunk.k3, chunk.lengths)
+    for name, value in want.sums.items():
+        assert float(got.sums[name]) == pytest.approx(value, rel=1e-12, abs=1e-12, nan_ok=True), name
+    assert torch.equal(got.sketch, want.sketch) and torch.equal(got.slopes, want.slopes)
+    np.testing.assert_allclose(got.octaves.numpy(), want.octaves.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(got_rows.numpy().T, want_rows, rtol=1e-12, atol=1e-12)
+    assert got.position_sums is None  # the GPU sweep leaves the position profile to the diagnostics
+
+
+def test_gpu_sweep_is_taken_only_for_float32_on_the_device_path() -> None:
+    values = torch.zeros(3, dtype=torch.float32)
+    assert not sweep_gpu.wanted(values)  # numpy's CPU path
+    with torch_kernels_on_cpu():
+        assert not sweep_gpu.wanted(values)  # not interpreted: a CPU tensor never reaches a real kernel
+        with sweep_gpu.interpreted():
+            assert sweep_gpu.wanted(values)
+            assert not sweep_gpu.wanted(values.double())
