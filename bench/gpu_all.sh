@@ -29,7 +29,7 @@ for stage in $stages; do
     profile) timeout 60 python3 bench/bench_engine.py --device cuda --tokens "$mem" --turns 4 --profile \
                ${CHUNK:+--chunk-positions $CHUNK} > "$out/profile.log" 2>&1; head -14 "$out/profile.log" ;;
     syncs) timeout 60 python3 bench/gpu_syncs.py --tokens 8000000 > "$out/syncs.log" 2>&1; head -30 "$out/syncs.log" ;;
-    scale) timeout 150 python3 bench/bench_scale.py --tokens "$e2e" --repeats 1 --padded-limit 0 --device cuda \
+    scale) timeout 150 python3 bench/bench_scale.py --tokens "$e2e" --turns 4 --repeats 1 --padded-limit 0 --device cuda \
              2>&1 | tee "$out/scale.log" ;;
   esac
 done

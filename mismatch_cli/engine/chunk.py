@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any
 
 import numpy as np
@@ -158,8 +158,8 @@ class Chunk:
     @cached_property
     def ratio_safe(self) -> torch.Tensor:
         """exp(clamp(log-ratio, -20, 20)), bit-identical to verl's, from the one exp of `ratio`."""
-        bound = torch.tensor(SAFETY_BOUND, dtype=self.old.dtype, device=self.old.device)
-        return self.ratio.clamp(torch.exp(-bound), torch.exp(bound))
+        low, high = _safe_ratio_bounds(self.old.dtype, self.old.device)
+        return self.ratio.clamp(low, high)
 
     @cached_property
     def row_tokens(self) -> torch.Tensor:
@@ -323,6 +323,13 @@ def bounded(batch: Batch, max_positions: int = MAX_CHUNK_POSITIONS) -> Iterator[
         stop = max(int(np.searchsorted(offsets, limit, side="right")) - 1, start + 1)
         yield batch.slice_rows(start, stop)
         start = stop
+
+
+@cache
+def _safe_ratio_bounds(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """exp(-20) and exp(20) as the device computes them, copied there once per process (not once per chunk)."""
+    bound = torch.tensor(SAFETY_BOUND, dtype=dtype, device=device)
+    return torch.exp(-bound), torch.exp(bound)
 
 
 def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:

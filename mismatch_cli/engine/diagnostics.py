@@ -18,7 +18,7 @@ import torch
 from mismatch_cli.correction import SAFETY_BOUND
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.formulas import ess
-from mismatch_cli.engine.ops import count, numpy_kernels, scratch, segment_sum
+from mismatch_cli.engine.ops import bincount, count, numpy_kernels, scratch, segment_sum
 from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution, finite_or_none
 from mismatch_cli.engine.signatures import token_sums
 from mismatch_cli.engine.sketch import NUM_BUCKETS, SHIFT
@@ -274,7 +274,7 @@ class DiagnosticsAccumulator(Accumulator):
         s.add("sum_row_weight", row_weight)
         s.add("sum_row_weight_sq", row_weight.square())
         buckets = torch.where(valid, signed_buckets(row_log_ratio), 2 * NUM_BUCKETS)
-        self.row_counts += torch.bincount(buckets, minlength=2 * NUM_BUCKETS + 1)[: 2 * NUM_BUCKETS]
+        self.row_counts += bincount(buckets, 2 * NUM_BUCKETS + 1)[: 2 * NUM_BUCKETS]
 
     def _token_sums(self, chunk: Chunk) -> None:
         """The token sums, sketch counts, probability-space pair and position profile, pass by pass."""

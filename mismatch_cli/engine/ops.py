@@ -65,6 +65,17 @@ def flag_indices(flags: torch.Tensor, count: int) -> torch.Tensor:
     return torch.nonzero_static(flags, size=count).flatten()
 
 
+def bincount(index: torch.Tensor, size: int) -> torch.Tensor:
+    """int64 [size]: how often each value occurs in a non-negative integer index whose values are all < size.
+
+    On a device by atomic adds into the fixed size: torch's bincount reads the index's extremes on the host.
+    """
+    if numpy_kernels(index):
+        return torch.bincount(index, minlength=size)
+    ones = torch.ones(1, dtype=torch.int64, device=index.device).expand(index.numel())
+    return torch.zeros(size, dtype=torch.int64, device=index.device).index_add_(0, index, ones)
+
+
 def segment_sum(values: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Sums of consecutive segments of `values` with the given lengths (0 for an empty segment).
 

@@ -13,7 +13,7 @@ import torch
 
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.formulas import chi2
-from mismatch_cli.engine.ops import count_in_segments, repeat_segments, segment_sum
+from mismatch_cli.engine.ops import bincount, count_in_segments, repeat_segments, segment_sum
 from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.sketch import NUM_BUCKETS, GroupedSketch, LogSketch
 from mismatch_cli.engine.state import F64
@@ -51,7 +51,7 @@ class RoundTable:
             return
         self._grow(size)
         self.sums.index_add_(0, index, run_sums)
-        self.rows[:size] += torch.bincount(index, minlength=size).to(F64)
+        self.rows[:size] += bincount(index, size).to(F64)
         if counts is not None:
             self.sketch.add_counts(counts)
         else:
@@ -160,7 +160,7 @@ class RoundsAccumulator(Accumulator):
         buckets = LogSketch.buckets(chunk.abs_log_ratio)
         size, tokens = runs.max_per_row, chunk.num_tokens
         if size == 1:  # single-turn: every token is round 0 from both ends
-            counts = torch.bincount(buckets, minlength=NUM_BUCKETS)
+            counts = bincount(buckets, NUM_BUCKETS)
             self.from_start.add(runs.index, table, None, None, 1, counts)
             self.from_end.add(runs.index_from_end, table, None, None, 1, counts)
         else:

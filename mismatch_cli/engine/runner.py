@@ -212,13 +212,19 @@ class Analysis:
         if not self.join_batches:
             self._fold(whole)
             return
-        if self._held and (not _follows(self._held[-1], whole)
+        if self._held and (not _follows(self._held[-1], whole) or self._new_step(whole)
                            or self._held_positions + whole.num_positions > self.chunk_positions):
             self.flush()
         self._held.append(whole)
         self._held_positions += whole.num_positions
         if self._held_positions >= self.chunk_positions:
             self.flush()
+
+    def _new_step(self, whole: Batch) -> bool:
+        """Under --by step, whether `whole` starts another step than the held batches end with: a chunk of one
+        step is folded whole, where one of several steps would be moved to the device again step by step."""
+        last = self._held[-1].steps
+        return self.by_step and last is not None and whole.steps is not None and bool(last[-1] != whole.steps[0])
 
     def flush(self) -> None:
         """Fold the reader batches held back for a larger device chunk."""

@@ -47,7 +47,7 @@ class Layout:
         positions = mask.numel()
         previous = torch.zeros(positions + 1, dtype=torch.bool, device=mask.device)
         previous[1:] = mask
-        previous[offsets[:-1]] = False  # a row's first position starts a run whatever precedes it
+        previous.index_fill_(0, offsets[:-1], False)  # a row's first position starts a run whatever precedes it
         starts = mask & ~previous[:positions]
         rounds_per_row = segment_count(starts, row_positions)
         empty = torch.zeros((), dtype=torch.int64, device=mask.device)

@@ -15,6 +15,8 @@ import math
 import numpy as np
 import torch
 
+from mismatch_cli.engine.ops import bincount
+
 SHIFT = 16
 NUM_BUCKETS = 1 << (31 - SHIFT)  # sign bit is 0 for non-negative values
 
@@ -173,7 +175,7 @@ class GroupedSketch:
             low = ~sparse
             groups, buckets = groups[low], buckets[low]
         flat = torch.add(buckets, groups, alpha=NUM_BUCKETS)  # (group << GROUP_SHIFT) | bucket, in int32
-        counts = torch.bincount(flat, minlength=dense_groups * NUM_BUCKETS)
+        counts = bincount(flat, dense_groups * NUM_BUCKETS)
         self.dense[:dense_groups] += counts.view(dense_groups, NUM_BUCKETS)
 
     def merge(self, other: GroupedSketch) -> None:

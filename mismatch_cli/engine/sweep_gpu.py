@@ -94,7 +94,7 @@ def token_sums(old: torch.Tensor, rollout: torch.Tensor, ratio: torch.Tensor, ra
     n, device = old.numel(), old.device
     programs = max(kernels["cdiv"](n, BLOCK), 1)
     starts = torch.zeros(n + 1, dtype=torch.int8, device=device)
-    starts[torch.cumsum(lengths, 0) - lengths] = 1  # an empty row's start is the next row's (or n)
+    starts.index_fill_(0, torch.cumsum(lengths, 0) - lengths, 1)  # an empty row's start is the next row's (or n)
     partials = torch.zeros((programs, len(SUMS)), dtype=F64, device=device)
     sketch = torch.zeros(SKETCH_SIZE, dtype=torch.int32, device=device)
     octaves = torch.zeros((4, OCTAVES), dtype=F64, device=device)

@@ -8,6 +8,7 @@ row), so the result does not depend on how the dump was chunked.
 from __future__ import annotations
 
 import math
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,12 @@ CRITERIA = {
 def row_max(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Per-row max of a token quantity (0 for an empty row), float64 [B]."""
     return segment_max(values, lengths)
+
+
+@cache
+def _empty_row_scores(device: torch.device) -> torch.Tensor:
+    """float64 [3, 1]: the scores an empty row gets, on the device once per process."""
+    return torch.tensor([[-1.0], [-1.0], [-math.inf]], dtype=F64, device=device)
 
 
 def _python(value: Any) -> Any:
@@ -62,8 +69,7 @@ class WorstSequences(Accumulator):
         scores = torch.stack([mean.abs(), row_max(chunk.abs_log_ratio, chunk.lengths),
                               row_max(chunk.log_ratio, chunk.lengths)])
         # The first two scores are >= 0 and the third finite: an empty row is never picked (nor kept, below).
-        scores = torch.where(chunk.row_valid, scores, torch.tensor([[-1.0], [-1.0], [-math.inf]], dtype=F64,
-                                                                   device=scores.device))
+        scores = torch.where(chunk.row_valid, scores, _empty_row_scores(scores.device))
         # Stable: among equal scores the earlier row (lower row number) wins, as in the merge.
         picked = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, : self.k].flatten()
         payload = torch.stack([picked.to(F64), scores[0, picked], scores[1, picked], mean[picked], tokens[picked],

@@ -96,11 +96,13 @@ class WorstTokens:
             self.best[kind] = entry
 
     def merge(self, other: WorstTokens) -> None:
-        """Fold another shard's tokens in."""
-        other.resolve()
+        """Fold another shard's tokens in; its unread candidates join ours (read with them, every PENDING)."""
         for kind, entry in other.best.items():
             if entry is not None:
                 self.offer(kind, entry)
+        self.pending += other.pending
+        if len(self.pending) >= PENDING:
+            self.resolve()
 
     def compute(self) -> dict[str, dict[str, Any] | None]:
         """Each kind's token as a fresh dict (None before any token)."""
