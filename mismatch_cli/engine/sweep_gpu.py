@@ -80,7 +80,9 @@ def _kernels(interpret: bool) -> dict[str, Any] | None:
                 strict=True)
     for name, function in named:
         globals()[name] = triton.jit(function)
-    return {"tokens": triton.jit(_token_kernel), "segments": triton.jit(_segment_kernel),
+    # Sizes are not specialized on (Triton would compile a variant per divisibility of n by 16).
+    return {"tokens": triton.jit(_token_kernel, do_not_specialize=["n"]),
+            "segments": triton.jit(_segment_kernel, do_not_specialize=["rows"]),
             "segments_interpreted": triton.jit(_segment_kernel_interpreted), "cdiv": triton.cdiv}
 
 
