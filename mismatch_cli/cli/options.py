@@ -21,7 +21,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 QUIET_HELP = "Quiet: no progress, no warnings, no notes; only the requested output and errors."
 
 
-# -q also silences the library's notices on stderr (the fused CPU sweep's one-time compile line).
+# -q also silences the library's notices on stderr (the CPU sweep's one-time compile line, the GPU sweep's fallback).
 QuietOpt = Annotated[bool, typer.Option("-q", "--quiet", help=QUIET_HELP, callback=lambda quiet: logging.getLogger(
     "mismatch_cli").setLevel(logging.ERROR if quiet else logging.NOTSET) or quiet)]
 

@@ -87,10 +87,13 @@ def start_token_sums(chunk: Chunk) -> None:
     if "token_sums" in chunk.shared or not chunk.num_tokens or not laid_out:
         return
     if sweep_gpu.wanted(chunk.old):  # on a GPU: launched here, asynchronous like every device kernel
-        chunk.fuse_row_sums()
-        chunk.shared["token_sums"] = sweep_gpu.token_sums(
-            chunk.old, chunk.rollout, chunk.ratio_safe, chunk.ratio_safe_sq, chunk.lengths, FILL_LOG_RATIO, TAIL_NATS,
-            SLOPE_BINS / SLOPE_RANGE, SLOPE_BINS)
+        try:
+            chunk.fuse_row_sums()
+            chunk.shared["token_sums"] = sweep_gpu.token_sums(
+                chunk.old, chunk.rollout, chunk.ratio_safe, chunk.ratio_safe_sq, chunk.lengths, FILL_LOG_RATIO,
+                TAIL_NATS, SLOPE_BINS / SLOPE_RANGE, SLOPE_BINS)
+        except Exception as error:  # noqa: BLE001 - an optional accelerator: torch's passes take over
+            sweep_gpu.give_up(error)
         return
     if not sweep.wanted(chunk.old, chunk.fused):
         return

@@ -12,6 +12,7 @@ off; `interpreted()` runs the kernels in Triton's interpreter on the CPU (tests:
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ BLOCK = 1024  # tokens per program of the token kernel
 ROW_BLOCK = 512  # tokens per step of a row's program in the segment kernel
 SEGMENT_SUMS = 7  # old, rollout, log-ratio, |log-ratio|, safe ratio, its square, k3 (sweep.SEGMENT_SUMS)
 _INTERPRET: list[bool] = [False]
+_FAILED: list[Exception] = []  # the launch error that turned the sweep off for this process, if any
 _MAX = SUMS.index("max_abs_d")
 # Triton's language modules and the kernels' helpers, set by `_kernels`: Triton is imported only there, after
 # TRITON_INTERPRET is set where asked (its own jitted functions read it at import), and a kernel calls only
@@ -54,12 +56,23 @@ def interpreted() -> Iterator[None]:
 
 
 def wanted(values: torch.Tensor) -> bool:
-    """Whether a chunk's token sums come from the GPU sweep: float32 on a GPU (or interpreted), Triton present."""
-    if values.dtype != torch.float32 or os.environ.get("MISMATCH_FUSED", "1") == "0":
+    """Whether a chunk's token sums come from the GPU sweep: float32 on a GPU (or interpreted), Triton present,
+    and no earlier launch failed in this process."""
+    if values.dtype != torch.float32 or os.environ.get("MISMATCH_FUSED", "1") == "0" or _FAILED:
         return False
     if not (values.is_cuda or (_INTERPRET[0] and not numpy_kernels(values))):
         return False
     return _kernels(_INTERPRET[0]) is not None
+
+
+def give_up(error: Exception) -> None:
+    """Stop using the GPU sweep for the rest of the process after `error` (a GPU or Triton it cannot compile
+    for, say), and say so once on stderr; torch's passes give the same numbers."""
+    if not _FAILED:
+        _FAILED.append(error)
+        logging.getLogger(__name__).warning(
+            f"mismatch: the fused GPU sweep is unavailable ({type(error).__name__}: {str(error).splitlines()[0]}); "
+            "using torch's kernels")
 
 
 @cache
@@ -279,4 +292,4 @@ def _row_sums_of(old_ptr, rollout_ptr, ratio_ptr, ratio_sq_ptr, k3_ptr, out_ptr,
     tl.store(out_ptr + 6 * rows + row, tl.sum(s_k, axis=0))
 
 
-__all__ = ["SEGMENT_SUMS", "interpreted", "segment_sums", "token_sums", "wanted"]
+__all__ = ["SEGMENT_SUMS", "give_up", "interpreted", "segment_sums", "token_sums", "wanted"]

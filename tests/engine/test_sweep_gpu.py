@@ -72,3 +72,24 @@ def test_gpu_sweep_is_taken_only_for_float32_on_the_device_path() -> None:
         with sweep_gpu.interpreted():
             assert sweep_gpu.wanted(values)
             assert not sweep_gpu.wanted(values.double())
+
+
+def test_a_sweep_that_cannot_launch_falls_back_to_torch_once(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    monkeypatch.setattr(sweep_gpu, "_FAILED", [])
+
+    def no_kernel(*arguments: object) -> None:
+        raise RuntimeError("no kernel image is available for execution on the device\nsecond line")
+
+    monkeypatch.setattr(sweep_gpu, "segment_sums", no_kernel)
+    batches = [dirty_batch(6, steps=True), dirty_batch(7, rows=30, steps=True)]
+    correction = resolve(CorrectionConfig())
+    with torch_kernels_on_cpu():
+        torch_path = run(batches, correction, device="cpu", by_step=True)
+        with sweep_gpu.interpreted(), caplog.at_level("WARNING"):
+            fallback = run(batches, correction, device="cpu", by_step=True)
+            assert not sweep_gpu.wanted(torch.zeros(3))  # off for the rest of the process
+    for name in TABLES:
+        assert_same_tree(getattr(torch_path.overall, name), getattr(fallback.overall, name), 1e-12, name)
+    notices = [r.getMessage() for r in caplog.records if "GPU sweep" in r.getMessage()]
+    assert notices == ["mismatch: the fused GPU sweep is unavailable (RuntimeError: no kernel image is available "
+                       "for execution on the device); using torch's kernels"]
