@@ -1,10 +1,11 @@
 """The fused GPU sweep: Triton kernels that take in a few launches what many torch kernels over a chunk took.
 
 The same sums as the fused CPU sweep (engine/sweep.py), on the device and with no host read: `token_sums`
-takes every per-token sum, count and histogram the diagnostics and the signatures need (one kernel, the
-histograms by atomic adds, the float sums as float64 partials per block of tokens reduced in one more
-kernel, so they never depend on the order blocks run in); `segment_sums` takes the row sums and totals most
-accumulators share (one kernel, a program per row). Triton ships with CUDA builds of torch and is imported
+takes every per-token sum, count and histogram the diagnostics and the signatures need (one kernel; the
+float sums as float64 partials per block of tokens, reduced in one more kernel, so they never depend on the
+order blocks run in; the histograms by atomic adds, whose float64 octave sums may differ in their last bits
+from run to run); `segment_sums` takes the row sums and totals most accumulators share (one kernel, a
+program per row). Triton ships with CUDA builds of torch and is imported
 only when a float32 chunk is on a GPU. Exponentials and divisions go through libdevice (correctly rounded
 division, the exp torch's CUDA kernels use), never Triton's fast approximations. `MISMATCH_FUSED=0` turns it
 off; `interpreted()` runs the kernels in Triton's interpreter on the CPU (tests: CI has no GPU).
@@ -23,11 +24,10 @@ import torch
 
 from mismatch_cli.engine.ops import F64, numpy_kernels
 from mismatch_cli.engine.sketch import SHIFT
-from mismatch_cli.engine.sweep import OCTAVE_SHIFT, OCTAVES, SKETCH_SIZE, SUMS, TokenSums
+from mismatch_cli.engine.sweep import OCTAVE_SHIFT, OCTAVES, SEGMENT_SUMS, SKETCH_SIZE, SUMS, TokenSums
 
 BLOCK = 1024  # tokens per program of the token kernel
 ROW_BLOCK = 512  # tokens per step of a row's program in the segment kernel
-SEGMENT_SUMS = 7  # old, rollout, log-ratio, |log-ratio|, safe ratio, its square, k3 (sweep.SEGMENT_SUMS)
 _INTERPRET: list[bool] = [False]
 _FAILED: list[Exception] = []  # the launch error that turned the sweep off for this process, if any
 _MAX = SUMS.index("max_abs_d")
@@ -132,7 +132,7 @@ def segment_sums(old: torch.Tensor, rollout: torch.Tensor, ratio: torch.Tensor, 
     kernels = _kernels(_INTERPRET[0])
     assert kernels is not None
     rows = lengths.numel()
-    out = torch.zeros((SEGMENT_SUMS, rows), dtype=F64, device=old.device)
+    out = torch.zeros((len(SEGMENT_SUMS), rows), dtype=F64, device=old.device)
     if rows:
         starts = torch.cumsum(lengths, 0) - lengths
         arguments = (old, rollout, ratio, ratio_sq, k3, starts, lengths, out, rows)
@@ -292,4 +292,4 @@ def _row_sums_of(old_ptr, rollout_ptr, ratio_ptr, ratio_sq_ptr, k3_ptr, out_ptr,
     tl.store(out_ptr + 6 * rows + row, tl.sum(s_k, axis=0))
 
 
-__all__ = ["SEGMENT_SUMS", "give_up", "interpreted", "segment_sums", "token_sums", "wanted"]
+__all__ = ["give_up", "interpreted", "segment_sums", "token_sums", "wanted"]

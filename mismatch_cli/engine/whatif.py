@@ -96,7 +96,8 @@ class WhatIfAccumulator(Accumulator):
         self.constants: dict[tuple[str, torch.dtype], torch.Tensor] = {}
         self.index = {family: [i for i, s in enumerate(scenarios) if s.family == family]
                       for family in ("none", "tis", "icepop", "rs", "veto")}
-        self.weigh_all = [i for i, s in enumerate(scenarios) if s.family not in ("rs", "veto")]  # no row dropped
+        # IS never changes the mask (IcePop zeroes weights, it does not mask): these settings keep every token.
+        self.keeps_all = [i for i, s in enumerate(scenarios) if s.family not in ("rs", "veto")]
         self.tis_token = [i for i in self.index["tis"] if scenarios[i].level == "token"]
         self.tis_seq = [i for i in self.index["tis"] if scenarios[i].level == "sequence"]
         self.icepop_token = [i for i in self.index["icepop"] if scenarios[i].level == "token"]
@@ -176,8 +177,8 @@ class WhatIfAccumulator(Accumulator):
             initial = math.inf if how == "min" else -math.inf
             return torch.segment_reduce(values, how, lengths=chunk.lengths, unsafe=True, initial=initial)[:, None]
 
-        # The tokens every setting weighs (all but the dropped rows') are known on the host: no device op.
-        self.host_table[self.weigh_all, _N] += tokens
+        # The tokens the IS settings weigh (all of them) are known on the host: no device op.
+        self.host_table[self.keeps_all, _N] += tokens
         none = self.index["none"]
         if none:
             put_block(none, [_W, _W2], torch.stack([row_r.sum(), row_r_sq.sum()])[None, :])
@@ -203,10 +204,8 @@ class WhatIfAccumulator(Accumulator):
 
         log_sum = chunk.log_ratio_row_sum
         raw_row = torch.exp(log_sum.clamp(-SAFETY_BOUND, SAFETY_BOUND))[:, None]
-        # IS never changes the mask (IcePop zeroes weights, it does not mask): those rows keep every token's kl.
-        keeps_all = [*none, *self.tis_token, *self.icepop_token, *self.tis_seq, *self.icepop_seq]
-        if keeps_all:
-            put_block(keeps_all, [_S], log_sum.sum().reshape(1, 1).expand(len(keeps_all), 1))
+        if self.keeps_all:  # every token's kl
+            put_block(self.keeps_all, [_S], log_sum.sum().reshape(1, 1))
         if self.tis_seq:  # every threshold at once: [B, J] weights, row-token-weighted sums by one product
             upper = self._constant("tis_seq", [float(self.scenarios[i].threshold) for i in self.tis_seq], F64, device)
             weight = torch.minimum(raw_row, upper)

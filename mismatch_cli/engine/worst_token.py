@@ -20,6 +20,7 @@ from mismatch_cli.engine.ops import numpy_kernels
 from mismatch_cli.engine.state import F64
 
 PENDING = 16  # chunks' candidates kept before one host read resolves them
+PICK = 7  # per kind: token index, delta, old, rollout, and (a device's) row, position and round
 # table key -> the score it maximizes (a key of the placed entry)
 KINDS = {"worst_token": "abs_log_ratio", "max_log_ratio_token": "log_ratio"}
 
@@ -33,39 +34,57 @@ class WorstTokens:
 
     def update(self, chunk: Chunk) -> None:
         """Keep the chunk's two candidates (device scalars) and what places them; resolve every PENDING chunks."""
-        values = self._host_picks(chunk) if numpy_kernels(chunk.log_ratio) else self._device_picks(chunk)
-        # Only the host arrays that place a token (no per-token tensor is kept alive).
-        layout = chunk.layout
+        on_host = numpy_kernels(chunk.log_ratio)
+        values = self._host_picks(chunk) if on_host else self._device_picks(chunk)
+        # On the host, the arrays that place a token at a resolve; a device places its candidates itself.
+        layout = chunk.layout if on_host else None
         meta = {"file": chunk.source, "first_row": chunk.first_row, "offsets": chunk.offsets,
                 "valid": layout.keep if layout is not None else None,
                 "starts": layout.starts if layout is not None else None,
-                "steps": chunk.steps, "ids": chunk.sequence_ids,
-                "lengths": chunk.lengths if chunk.offsets is None or layout is None else None}
+                "steps": chunk.steps, "ids": chunk.sequence_ids, "placed": not on_host,
+                "lengths": chunk.lengths if on_host and (chunk.offsets is None or layout is None) else None}
         self.pending.append((values, meta))
         if len(self.pending) >= PENDING:
             self.resolve()
 
     @staticmethod
     def _host_picks(chunk: Chunk) -> torch.Tensor:
-        """Per kind: token index, delta, old, rollout (float64 [2 * 4]), with numpy's argmax (~20x torch's)."""
+        """Per kind: token index, delta, old, rollout and three -1s (placed at a resolve; float64 [2 * PICK]), with
+        numpy's argmax (~20x torch's)."""
         delta = chunk.log_ratio
         picks = [int(chunk.worst_token[0]), int(np.argmax(delta.numpy()))]
-        return torch.tensor([float(x) for token in picks
-                             for x in (token, delta[token], chunk.old[token], chunk.rollout[token])], dtype=F64)
+        return torch.tensor([float(x) for token in picks for x in (token, delta[token], chunk.old[token],
+                                                                   chunk.rollout[token], -1, -1, -1)], dtype=F64)
 
     @staticmethod
     def _device_picks(chunk: Chunk) -> torch.Tensor:
-        """The same with torch's kernels, left on the device (the first of equal maxima, as numpy's)."""
+        """The same with torch's kernels, left on the device (the first of equal maxima, as numpy's), each with
+        its row, position within the row and round (-1: none known), so that no layout waits for a resolve."""
         delta = chunk.log_ratio
         at = torch.cat([chunk.worst_token, torch.argmax(delta).reshape(1)])
-        return torch.stack([at.to(F64), delta.index_select(0, at).to(F64), chunk.old.index_select(0, at).to(F64),
-                            chunk.rollout.index_select(0, at).to(F64)], dim=1).flatten()
+        ends = torch.cumsum(chunk.lengths, 0)
+        row = torch.searchsorted(ends, at, right=True)
+        layout = chunk.layout
+        if layout is None or chunk.offsets is None:
+            position, round_index = at - (ends - chunk.lengths)[row], torch.full_like(at, -1)
+        else:
+            # The at-th valid token's position: the first where the running count of valid positions passes at.
+            at_position = torch.searchsorted(torch.cumsum(layout.keep, 0), at + 1)
+            start = layout.offsets[row]
+            position = at_position - start
+            runs = torch.cumsum(layout.starts, 0)  # runs started up to each position
+            round_index = runs[at_position] - torch.where(start > 0, runs[(start - 1).clamp(min=0)], 0) - 1
+        columns = (at, delta.index_select(0, at), chunk.old.index_select(0, at), chunk.rollout.index_select(0, at),
+                   row, position, round_index)
+        return torch.stack([c.to(F64) for c in columns], dim=1).flatten()
 
     def resolve(self) -> None:
         """Read the pending candidates (one host sync) and keep the best token of each kind found so far."""
         if not self.pending:
             return
-        values = torch.stack([v for v, _ in self.pending]).cpu().numpy().reshape(len(self.pending), len(KINDS), 4)
+        device = self.pending[0][0].device  # one copy to the host for them all
+        values = torch.stack([v.to(device) for v, _ in self.pending]).cpu().numpy().reshape(len(self.pending),
+                                                                                             len(KINDS), PICK)
         for kind_index, (kind, score) in enumerate(KINDS.items()):
             picks = values[:, kind_index]
             scores = np.abs(picks[:, 1]) if score == "abs_log_ratio" else picks[:, 1]
@@ -75,10 +94,11 @@ class WorstTokens:
             current = self.best[kind]
             if current is not None:
                 best = max(best, current[score])
-            for (token, delta, old, rollout), value, (_, meta) in zip(picks, scores, self.pending, strict=True):
+            for (token, delta, old, rollout, *where), value, (_, meta) in zip(picks, scores, self.pending,
+                                                                                strict=True):
                 if value < best:
                     continue
-                entry = _place(meta, int(token))
+                entry = _placed(meta, *(int(w) for w in where)) if meta["placed"] else _place(meta, int(token))
                 entry.update(abs_log_ratio=abs(float(delta)), log_ratio=float(delta), old_log_prob=float(old),
                              rollout_log_prob=float(rollout))
                 self.offer(kind, entry)
@@ -96,7 +116,10 @@ class WorstTokens:
             self.best[kind] = entry
 
     def merge(self, other: WorstTokens) -> None:
-        """Fold another shard's tokens in; its unread candidates join ours (read with them, every PENDING)."""
+        """Fold another shard's tokens in. Candidates a device placed join ours unread (read every PENDING); the
+        host's are read first, as they hold their chunk's layout (each --by step state would keep 15 of them)."""
+        if any(not meta["placed"] for _, meta in other.pending):
+            other.resolve()
         for kind, entry in other.best.items():
             if entry is not None:
                 self.offer(kind, entry)
@@ -108,6 +131,11 @@ class WorstTokens:
         """Each kind's token as a fresh dict (None before any token)."""
         self.resolve()
         return {kind: dict(entry) if entry is not None else None for kind, entry in self.best.items()}
+
+
+def _placed(meta: dict[str, Any], row: int, position: int, round_index: int) -> dict[str, Any]:
+    """The entry of a token a device placed (row and position within the chunk's rows; round -1: not known)."""
+    return _entry(meta, row, position, None if round_index < 0 else round_index)
 
 
 def _place(meta: dict[str, Any], token: int) -> dict[str, Any]:
@@ -126,6 +154,10 @@ def _place(meta: dict[str, Any], token: int) -> dict[str, Any]:
         within = token - int(kept_before[start])
         position = int(np.flatnonzero(valid[start:stop])[within])
         round_index = int(starts[start:start + position + 1].sum()) - 1
+    return _entry(meta, row, position, round_index)
+
+
+def _entry(meta: dict[str, Any], row: int, position: int, round_index: int | None) -> dict[str, Any]:
     entry: dict[str, Any] = {"file": meta["file"], "row": meta["first_row"] + row, "position": position,
                              "round": round_index, "step": None if meta["steps"] is None else int(meta["steps"][row])}
     if meta["ids"] is not None:

@@ -113,3 +113,25 @@ def test_the_whole_engine_gives_the_same_report_through_torch_kernels(config: Co
     assert not _agree(kernels.overall.metrics, host.overall.metrics, 1e-9)
     for step, part in host.steps.items():
         assert not _agree(kernels.steps[step].metrics, part.metrics, 1e-9)
+
+
+def test_worst_tokens_placed_on_the_device_are_placed_as_on_the_host() -> None:
+    # The device places its candidates itself (row, position, round) and defers their read across merges.
+    from test_sweep import dirty_batch
+
+    from mismatch_cli.engine import sweep
+
+    rounds = set()
+    for seed in range(6):
+        batches = [dirty_batch(seed, steps=True, turns=4), dirty_batch(seed + 50, rows=20, steps=True),
+                   dirty_batch(seed + 90, steps=True, turns=2)]
+        with sweep.forced(False):
+            host = run(batches, resolve(CorrectionConfig()), device="cpu", by_step=True)
+        with torch_kernels_on_cpu():
+            device = run(batches, resolve(CorrectionConfig()), device="cpu", by_step=True)
+        for kind in ("worst_token", "max_log_ratio_token"):
+            assert device.overall.signatures[kind] == host.overall.signatures[kind]
+            for step, part in host.steps.items():
+                assert device.steps[step].signatures[kind] == part.signatures[kind]
+                rounds.add(part.signatures[kind]["round"])
+    assert len(rounds) > 2  # later rounds are placed too, not only round 0
