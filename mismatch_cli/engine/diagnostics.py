@@ -295,7 +295,7 @@ class DiagnosticsAccumulator(Accumulator):
         s.add("sum_ratio_sq", chunk.total(chunk.ratio_safe_sq))
         if n == 0:
             return
-        self.counts += torch.bincount(signed_buckets(log_ratio), minlength=2 * NUM_BUCKETS)
+        self.counts += bincount(signed_buckets(log_ratio), 2 * NUM_BUCKETS)
         self.prob.update(chunk.old, chunk.rollout)
         self.positions.update(chunk)
 

@@ -65,15 +65,18 @@ def flag_indices(flags: torch.Tensor, count: int) -> torch.Tensor:
     return torch.nonzero_static(flags, size=count).flatten()
 
 
-def bincount(index: torch.Tensor, size: int) -> torch.Tensor:
-    """int64 [size]: how often each value occurs in a non-negative integer index whose values are all < size.
+def bincount(index: torch.Tensor, size: int, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """[size]: how often each value occurs in a non-negative integer index whose values are all < size (int64),
+    or the float64 sum of `weights` per value.
 
     On a device by atomic adds into the fixed size: torch's bincount reads the index's extremes on the host.
     """
     if numpy_kernels(index):
-        return torch.bincount(index, minlength=size)
-    ones = torch.ones(1, dtype=torch.int64, device=index.device).expand(index.numel())
-    return torch.zeros(size, dtype=torch.int64, device=index.device).index_add_(0, index, ones)
+        return torch.bincount(index, weights=None if weights is None else weights.to(F64), minlength=size)
+    if weights is None:
+        ones = torch.ones(1, dtype=torch.int64, device=index.device).expand(index.numel())
+        return torch.zeros(size, dtype=torch.int64, device=index.device).index_add_(0, index, ones)
+    return torch.zeros(size, dtype=F64, device=index.device).index_add_(0, index, weights.to(F64))
 
 
 def segment_sum(values: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

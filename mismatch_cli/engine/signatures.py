@@ -26,7 +26,7 @@ import torch
 
 from mismatch_cli.engine import sweep, sweep_gpu
 from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.ops import numpy_kernels, scratch, total
+from mismatch_cli.engine.ops import bincount, numpy_kernels, scratch, total
 from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution, finite_or_none
 from mismatch_cli.engine.state import F64, Reducer
 from mismatch_cli.engine.sweep import TokenSums
@@ -238,10 +238,10 @@ class SignaturesAccumulator(Accumulator):
         s = self.state
         old, rollout = chunk.old, chunk.rollout
         index, size = signed_octaves(chunk.log_ratio), 2 * NUM_BUCKETS
-        self.buckets[0] += torch.bincount(index, minlength=size).to(F64)
-        self.buckets[1] += torch.bincount(index, weights=chunk.ratio_safe_sq.to(F64), minlength=size)
-        self.buckets[2] += torch.bincount(index, weights=chunk.ratio_safe.to(F64), minlength=size)
-        self.buckets[3] += torch.bincount(index, weights=torch.exp(chunk.abs_log_ratio).to(F64), minlength=size)
+        self.buckets[0] += bincount(index, size).to(F64)
+        self.buckets[1] += bincount(index, size, chunk.ratio_safe_sq)
+        self.buckets[2] += bincount(index, size, chunk.ratio_safe)
+        self.buckets[3] += bincount(index, size, torch.exp(chunk.abs_log_ratio))
         s.add("bitwise_equal", old == rollout)
         continues = ~_row_starts(chunk)[1:-1]  # [N - 1]: token t + 1 continues token t's row
         far = chunk.abs_log_ratio > FILL_LOG_RATIO
@@ -338,9 +338,11 @@ def _tail_slopes(old: torch.Tensor, rollout: torch.Tensor) -> torch.Tensor:
         ratio = np.divide(r[where], o[where])
         np.clip(np.multiply(ratio, ratio.dtype.type(scale), out=ratio), 0, SLOPE_BINS - 1, out=ratio)
         return torch.from_numpy(np.bincount(ratio.astype(np.int64), minlength=SLOPE_BINS).astype(np.float64))
+    # Every token, those off the tail weighted 0 (a selection would wait for the device to size it); their
+    # stand-in divisor keeps the index finite.
     tail = old < -TAIL_NATS
-    ratio = rollout[tail].div_(old[tail]).mul_(scale).clamp_(0, SLOPE_BINS - 1)
-    return torch.bincount(ratio.to(torch.int64), minlength=SLOPE_BINS).to(F64)
+    ratio = (rollout / torch.where(tail, old, -TAIL_NATS)).mul_(scale).clamp_(0, SLOPE_BINS - 1)
+    return bincount(ratio.to(torch.int64), SLOPE_BINS, tail)
 
 
 def temperature_estimate(table: dict[str, Any], slope: float, quantile: float = 0.999) -> float:

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import REFERENCE, batch_from_padded, case_batch
+from helpers import REFERENCE, assert_same_tree, batch_from_padded, case_batch
 
 from mismatch_cli.correction import CorrectionConfig, resolve, resolve_family
 from mismatch_cli.engine.ops import segment_sum, segment_sum_torch, torch_kernels_on_cpu
@@ -135,3 +135,52 @@ def test_worst_tokens_placed_on_the_device_are_placed_as_on_the_host() -> None:
                 assert device.steps[step].signatures[kind] == part.signatures[kind]
                 rounds.add(part.signatures[kind]["round"])
     assert len(rounds) > 2  # later rounds are placed too, not only round 0
+
+
+def test_the_device_path_reads_the_host_only_where_planned(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a GPU every host read waits for the device. Run the device path's kernels here and record every call
+    # that would read the host (or size a result there): only the planned ones may remain.
+    import traceback
+
+    from test_sweep import TABLES, dirty_batch
+
+    from mismatch_cli.engine.runner import Analysis
+
+    sites: set[str] = set()
+
+    config = CorrectionConfig(rollout_is="token", rollout_is_threshold=2.0, rollout_is_batch_normalize=True,
+                              rollout_rs="seq_mean_k1,token_k3,seq_max_k2", rollout_rs_threshold="0.999_1.001,0.5,2.0")
+    # At most 4 rounds a row: rows of many rounds keep their high rounds sparse, which does read the host.
+    batches = [dirty_batch(seed, rows=60, steps=True, turns=turns) for seed, turns in ((1, 1), (2, 4), (3, 3))]
+    with torch_kernels_on_cpu():
+        analysis = Analysis(resolve(config), torch.device("cpu"), "float64", by_step=True)
+        analysis.join_batches, analysis.chunk_positions = True, 4000  # as on a GPU: joined chunks
+        with monkeypatch.context() as patch:
+
+            def recording(owner: object, name: str, when=None) -> None:  # noqa: ANN001
+                original = getattr(owner, name)
+
+                def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+                    if when is None or when(*args):
+                        ours = [f for f in traceback.extract_stack()[:-1] if "mismatch_cli" in f.filename]
+                        if ours:
+                            sites.add(f"{ours[-1].filename.split('mismatch_cli/')[-1]}:{ours[-1].name}")
+                    return original(*args, **kwargs)
+                patch.setattr(owner, name, call)
+
+            for name in ("item", "tolist", "numpy", "cpu", "nonzero", "__bool__", "__int__", "__float__"):
+                recording(torch.Tensor, name)
+            for name in ("bincount", "nonzero", "unique", "masked_select"):
+                recording(torch, name)
+            recording(torch.Tensor, "__getitem__", lambda _, i: isinstance(i, torch.Tensor) and i.dtype == torch.bool)
+            for batch in batches:
+                analysis.update(batch)
+            analysis.flush()
+        device = analysis.finish()
+    planned = {"engine/chunk.py:make_chunk",  # the chunk's one combined count
+               "engine/worst.py:_drain",  # the worst rows, copied without waiting and read a chunk later
+               "engine/worst_token.py:resolve"}  # the worst tokens' candidates, once every 16 chunks
+    assert sites <= planned, sites - planned
+    host = run(batches, resolve(config), device="cpu", dtype="float64", by_step=True)
+    for name in TABLES:
+        assert_same_tree(getattr(host.overall, name), getattr(device.overall, name), 1e-9, name)
