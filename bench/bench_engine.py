@@ -51,8 +51,7 @@ def load(path: Path, tokens: int, turns: int) -> list:
 def once(batches: list, config: CorrectionConfig, device: str, chunk_positions: int | None = None,
          fused: bool = False) -> float:
     """Seconds for one pass of the engine over the batches (CPU time on the CPU: robust to a busy machine)."""
-    analysis = Analysis(resolve(config), resolve_device(device), by_step=config is FULL)
-    analysis.fused = fused
+    analysis = Analysis(resolve(config), resolve_device(device), by_step=config is FULL, fused=fused)
     if chunk_positions:
         analysis.join_batches, analysis.chunk_positions = True, chunk_positions
     if device.startswith("cuda"):

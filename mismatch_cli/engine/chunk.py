@@ -186,19 +186,14 @@ class Chunk:
         and k3 in one fused pass (engine/sweep.py; on a GPU engine/sweep_gpu.py), for `row_sum` and `total`."""
         tensors = (self.old, self.rollout, self.log_ratio, self.abs_log_ratio, self.ratio_safe, self.ratio_safe_sq,
                    self.k3)
+        inputs = (self.old, self.rollout, self.ratio_safe, self.ratio_safe_sq, self.k3)
         if sweep_gpu.wanted(self.old):
-            rows = sweep_gpu.segment_sums(*tensors[:2], *tensors[4:], self.lengths)
-            sums = rows.sum(1)
-            for column, values in enumerate(tensors):
-                self._row_sums[id(values)] = (values, rows[column])
-                self._totals[id(values)] = (values, sums[column])
-            return
-        table = sweep.segment_sums(self.old.numpy(), self.rollout.numpy(), self.ratio_safe.numpy(),
-                                   self.ratio_safe_sq.numpy(), self.k3.numpy(), self.lengths.numpy())
-        totals = table.sum(axis=0)
-        for column, values in enumerate(tensors):
-            self._row_sums[id(values)] = (values, torch.from_numpy(np.ascontiguousarray(table[:, column])))
-            self._totals[id(values)] = (values, torch.tensor(totals[column], dtype=F64))
+            rows = sweep_gpu.segment_sums(*inputs, self.lengths)  # [columns, B] on the device
+        else:
+            rows = torch.from_numpy(sweep.segment_sums(*(t.numpy() for t in inputs), self.lengths.numpy()).T.copy())
+        for values, row_sums, total_sum in zip(tensors, rows, rows.sum(1), strict=True):
+            self._row_sums[id(values)] = (values, row_sums)
+            self._totals[id(values)] = (values, total_sum)
 
     def row_sum(self, values: torch.Tensor) -> torch.Tensor:
         """Per-row float64 sum of per-token values (0 for an empty row), computed once per tensor."""

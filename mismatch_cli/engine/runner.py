@@ -178,7 +178,7 @@ class Analysis:
 
     def __init__(self, correction: ResolvedCorrection, device: torch.device, dtype: str = "float32",
                  by_step: bool = False, rounds: bool = True, group_by: tuple[str, ...] = (),
-                 bootstrap: int = DEFAULT_REPLICATES, extras: bool = True) -> None:
+                 bootstrap: int = DEFAULT_REPLICATES, extras: bool = True, fused: bool = False) -> None:
         if dtype not in DTYPES:
             raise UsageError(f"unknown dtype '{dtype}'", hint="use float32 or float64")
         self.correction = correction
@@ -201,7 +201,7 @@ class Analysis:
         self.chunk_positions = DEVICE_CHUNK_POSITIONS if self.join_batches else MAX_CHUNK_POSITIONS
         self._held: list[Batch] = []
         self._held_positions = 0
-        self.fused = False  # take the per-token sums from the fused CPU sweep where it runs (engine/sweep.py)
+        self.fused = fused  # take the per-token sums from the fused CPU sweep where it runs (engine/sweep.py)
 
     def _breakdown(self) -> BatchAccumulator:
         # Steps and groups report metrics and rounds only: no what-if, worst sequences or intervals.
@@ -384,8 +384,7 @@ def run(
     """
     if threads:
         torch.set_num_threads(threads)
-    analysis = Analysis(correction, resolve_device(device), dtype, by_step, rounds, group_by, bootstrap)
-    analysis.fused = fused
+    analysis = Analysis(correction, resolve_device(device), dtype, by_step, rounds, group_by, bootstrap, fused=fused)
     for batch in batches:
         analysis.update(batch)
     return analysis.finish(source_names)
