@@ -70,9 +70,6 @@ def analyze(
 
     `on_batch`, when given, sees every Batch as it is read (e.g. to drive a progress bar).
     """
-    from mismatch_cli.engine.runner import run  # torch is imported only when analysis really runs
-    from mismatch_cli.engine.sweep import worth_it
-
     correction = correction or CorrectionConfig()
     if not isinstance(correction, CorrectionConfig):
         raise UsageError(f"correction must be a CorrectionConfig, got {type(correction).__name__}",
@@ -109,6 +106,10 @@ def analyze(
         elif engine == "local":
             # closing(): an error in the engine stops the read-ahead threads now, not when the iterator is collected.
             with closing(iter_batches(files, read_options, workers=read_workers)) as batches:
+                # torch is imported only when analysis really runs, while the read-ahead threads read the first batches
+                from mismatch_cli.engine.runner import run
+                from mismatch_cli.engine.sweep import worth_it
+
                 observed = _observed(batches, on_batch) if on_batch is not None else batches
                 result = run(observed, resolved, device=device, dtype=dtype, by_step=by_step, source_names=names,
                              rounds=rounds, group_by=group_by, bootstrap=bootstrap,

@@ -102,7 +102,7 @@ def __getattr__(name: str) -> Any:
 
 
 def iter_batches(files: Sequence[InputFile], options: ReadOptions, workers: int = 0) -> Iterator[Batch]:
-    """Stream every file's Batches in input order; `workers` > 0 reads ahead on that many threads."""
+    """Stream every file's Batches in input order; `workers` > 0 reads ahead on that many threads from now on."""
     check_options(options)
     for file in files:
         if file.format not in READERS:
@@ -113,17 +113,33 @@ def iter_batches(files: Sequence[InputFile], options: ReadOptions, workers: int 
     if workers > 0:
         from mismatch_cli.io.parallel import iter_batches_parallel
 
-        batches = iter_batches_parallel(files, options, _read_file, workers=workers)
-    else:
-        batches = (batch for file in files for batch in _read_file(file.path, file.format, options))
-    try:
-        for index, batch in enumerate(batches):
+        return _Guarded(iter_batches_parallel(files, options, _read_file, workers=workers))
+    return _Guarded(batch for file in files for batch in _read_file(file.path, file.format, options))
+
+
+class _Guarded(Iterator[Batch]):
+    """Batches checked for a pending signal; `close()` stops the read-ahead threads, read from or not."""
+
+    def __init__(self, batches: Iterator[Batch]) -> None:
+        self._batches, self._handed = batches, 0
+
+    def __next__(self) -> Batch:
+        if self._handed == 1:
+            hold_for_test()
+        try:
+            batch = next(self._batches)
             raise_pending()  # a signal whose exception a library swallowed stops the read here
-            yield batch
-            if index == 0:
-                hold_for_test()
-    finally:
-        batches.close()  # stops the read-ahead threads now
+        except BaseException:
+            self.close()
+            raise
+        self._handed += 1
+        return batch
+
+    def close(self) -> None:
+        """Stop reading now (the read-ahead threads too)."""
+        close = getattr(self._batches, "close", None)
+        if close is not None:
+            close()
 
 
 def _read_file(path: str, file_format: str, options: ReadOptions,

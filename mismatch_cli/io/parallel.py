@@ -55,67 +55,96 @@ def plan(files: Sequence, row_groups_per_item: int = ROW_GROUPS_PER_ITEM) -> lis
 def iter_batches_parallel(files: Sequence, options: ReadOptions,
                           read_file: Callable[..., Iterator[Batch]],
                           workers: int = 2, depth: int = 4) -> Iterator[Batch]:
-    """Every input's Batches in input order, read ahead by `workers` threads.
+    """Every input's Batches in input order, read ahead by `workers` threads that start at once.
 
     `read_file(path, format, options[, row_groups])` is the package's read path (decoder, then validator), so
     every Batch handed over here is checked; a parquet item's row groups are passed as a fourth argument.
+    The first items are read from this call on, so a caller can import the engine (torch) meanwhile.
     """
-    items = plan(files)
-    stop = threading.Event()
+    return ReadAhead(plan(files), options, read_file, workers, depth)
 
-    def hand_over(out: queue.Queue, value: object) -> bool:
-        # Never block for good: a consumer that stopped reading will not drain this queue.
-        while not stop.is_set():
-            try:
-                out.put(value, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
 
-    def fill(item: WorkItem, out: queue.Queue) -> None:
+def _hand_over(stop: threading.Event, out: queue.Queue, value: object) -> bool:
+    # Never block for good: a consumer that stopped reading will not drain this queue.
+    while not stop.is_set():
         try:
-            source = (read_file(item.path, item.format, options) if item.row_groups is None
-                      else read_file(item.path, item.format, options, item.row_groups))
-            try:
-                for batch in source:
-                    if not hand_over(out, batch):
-                        return
-            finally:
-                close = getattr(source, "close", None)
-                if close is not None:
-                    close()  # the reader's files are closed as soon as it stops, not when it is collected
-            hand_over(out, _DONE)
-        except BaseException as exc:  # handed to the consumer, which re-raises it in order
-            hand_over(out, exc)
+            out.put(value, timeout=_POLL_S)
+            return True
+        except queue.Full:
+            continue
+    return False
 
-    queues: list[queue.Queue] = []
-    threads: list[threading.Thread] = []
+
+def _fill(stop: threading.Event, read_file: Callable[..., Iterator[Batch]], options: ReadOptions, item: WorkItem,
+          out: queue.Queue) -> None:
     try:
-        for index in range(len(items)):
-            while len(queues) < min(index + workers, len(items)):
-                q: queue.Queue = queue.Queue(maxsize=depth)
-                thread = threading.Thread(target=fill, args=(items[len(queues)], q), daemon=True,
-                                          name=f"mismatch-read-{len(queues)}")
-                thread.start()
-                queues.append(q)
-                threads.append(thread)
-            current = queues[index]
-            while True:
-                value = current.get()
+        source = (read_file(item.path, item.format, options) if item.row_groups is None
+                  else read_file(item.path, item.format, options, item.row_groups))
+        try:
+            for batch in source:
+                if not _hand_over(stop, out, batch):
+                    return
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()  # the reader's files are closed as soon as it stops, not when it is collected
+        _hand_over(stop, out, _DONE)
+    except BaseException as exc:  # handed to the consumer, which re-raises it in order
+        _hand_over(stop, out, exc)
+
+
+class ReadAhead(Iterator[Batch]):
+    """The read-ahead threads and their queues, drained in input order; `close()` stops every thread."""
+
+    def __init__(self, items: list[WorkItem], options: ReadOptions, read_file: Callable[..., Iterator[Batch]],
+                 workers: int, depth: int) -> None:
+        self._items, self._options, self._read_file = items, options, read_file
+        self._workers, self._depth = workers, depth
+        self._stop = threading.Event()
+        self._queues: list[queue.Queue] = []
+        self._threads: list[threading.Thread] = []
+        self._index = 0
+        self._start_readers()
+
+    def _start_readers(self) -> None:
+        while len(self._queues) < min(self._index + self._workers, len(self._items)):
+            q: queue.Queue = queue.Queue(maxsize=self._depth)
+            # The threads hold no reference to self, so a reader dropped unread is collected and stops them.
+            args = (self._stop, self._read_file, self._options, self._items[len(self._queues)], q)
+            thread = threading.Thread(target=_fill, args=args, daemon=True, name=f"mismatch-read-{len(self._queues)}")
+            thread.start()
+            self._queues.append(q)
+            self._threads.append(thread)
+
+    def __next__(self) -> Batch:
+        try:
+            while self._index < len(self._items) and not self._stop.is_set():
+                self._start_readers()
+                value = self._queues[self._index].get()
                 if value is _DONE:
-                    break
+                    self._queues[self._index] = _FINISHED  # drop the drained queue (and its thread) as we go
+                    self._index += 1
+                    continue
                 if isinstance(value, BaseException):
                     raise value
-                yield value
-            queues[index] = _FINISHED  # drop the drained queue (and its thread) as we go
-    finally:
-        stop.set()
+                return value
+        except BaseException:
+            self.close()
+            raise
+        self.close()
+        raise StopIteration
+
+    def close(self) -> None:
+        """Stop the readers: each notices within one batch; one stuck in a system call is a daemon."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
         deadline = time.monotonic() + _JOIN_S
-        for thread in threads:
-            # Readers notice `stop` within one batch; a reader stuck in a system call is a daemon and
-            # cannot hold the exit.
+        for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+
+    def __del__(self) -> None:
+        self._stop.set()  # never iterated nor closed: the readers stop at their next hand-over
 
 
 class BackgroundHashes:
