@@ -71,10 +71,17 @@ def by_accumulator() -> Iterator[None]:
     """Name each accumulator's update in torch's profiler (`accumulator:Name`)."""
     from torch.profiler import record_function
 
-    from mismatch_cli.engine import analysis
+    from mismatch_cli.engine import analysis, runner
 
     classes = {type(a) for a in analysis.BatchAccumulator(resolve(FULL), torch.device("cpu")).accumulators}
     saved = {cls: cls.update for cls in classes}
+    made, concat = runner.make_chunk, runner.concat_rows
+
+    def timed(name: str, function: Callable) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with record_function(name):
+                return function(*args, **kwargs)
+        return call
 
     def named(cls: type) -> Callable:
         def update(self: Any, *args: Any) -> Any:
@@ -84,35 +91,43 @@ def by_accumulator() -> Iterator[None]:
 
     for cls in classes:
         cls.update = named(cls)
+    runner.make_chunk = timed("accumulator:(make_chunk)", made)
+    runner.concat_rows = timed("accumulator:(concat)", concat)
     try:
         yield
     finally:
         for cls, update in saved.items():
             cls.update = update
+        runner.make_chunk, runner.concat_rows = made, concat
 
 
-def profile_cuda(batches: list, device: str, chunk_positions: int | None) -> None:
-    """torch's profiler over one full-configuration run: kernel launches and host waits per chunk, top host ops."""
+def profile_cuda(batches: list, device: str, chunk_positions: int | None, config: CorrectionConfig = FULL) -> None:
+    """torch's profiler over one run: host and GPU time per accumulator, launches and host waits per chunk."""
     from torch.profiler import ProfilerActivity, profile
 
     positions = sum(b.num_positions for b in batches)
     chunks = -(-positions // (chunk_positions or (1 << 22)))
     with by_accumulator(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        seconds = once(batches, FULL, device, chunk_positions)
+        seconds = once(batches, config, device, chunk_positions)
     ranges: dict[str, list[float]] = {}
     for event in prof.events():
         if event.name.startswith("accumulator:"):
             took = ranges.setdefault(event.name, [0, 0.0, 0.0])
             took[0] += 1
             took[1] += event.cpu_time_total / 1e3
-    print("host time per accumulator update (ms per call, calls):")
-    for name, (calls, host_ms, _) in sorted(ranges.items(), key=lambda item: -item[1][1]):
-        print(f"  {name[12:]:28s} {host_ms / calls:8.2f} ms  x{calls}")
+            took[2] += event.device_time_total / 1e3
+    print("host and GPU time per accumulator update (ms per call, calls):")
+    for name, (calls, host_ms, device_ms) in sorted(ranges.items(), key=lambda item: -item[1][1]):
+        print(f"  {name[12:]:28s} host {host_ms / calls:8.2f} ms  GPU {device_ms / calls:8.2f} ms  x{calls}")
+    stats = torch.cuda.memory_stats()
+    keys = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")
+    print("allocator: " + ", ".join(f"{key} {stats.get(key, 0)}" for key in keys))
     events = prof.key_averages()
     kernels = sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
     kernel_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
     waits = {name: sum(e.count for e in events if e.key == name)
-             for name in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+             for name in ("cudaMalloc", "cudaFree", "cudaHostAlloc", "cudaStreamSynchronize",
+                          "cudaDeviceSynchronize", "cudaEventSynchronize",
                           "aten::_local_scalar_dense", "cudaMemcpyAsync", "cudaLaunchKernel")}
     print(f"{seconds:.3f} s (profiled) for {positions / 1e6:.1f}M positions in about {chunks} chunks; "
           f"{kernels} kernels ({kernels / chunks:.0f} per chunk), {kernel_us / 1e6:.3f} s of kernel time; "
@@ -131,6 +146,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--chunk-positions", type=int, default=None)
     parser.add_argument("--fused", action="store_true")
+    parser.add_argument("--config", choices=("default", "full"), default="full", help="what --profile runs")
     parser.add_argument("--gpu-sweep", choices=("on", "off", "both"), default="on")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -141,7 +157,8 @@ def main() -> None:
         tokens = sum(int(b.response_mask.sum()) for b in batches)
         once(batches[:2], FULL, args.device, fused=args.fused)  # warm-up: lazy imports, work buffers, kernels
         if args.profile and args.device.startswith("cuda"):
-            profile_cuda(batches, args.device, args.chunk_positions)
+            profile_cuda(batches, args.device, args.chunk_positions,
+                         CorrectionConfig() if args.config == "default" else FULL)
             continue
         if args.profile:
             profile = cProfile.Profile()
@@ -161,8 +178,11 @@ def main() -> None:
                     best[label] = min(best.get(label, seconds), seconds)
                     print(f"turns {turns} {label:15s} {seconds:6.3f} s  {tokens / seconds / 1e6:7.1f} Mtok/s",
                           flush=True)
+        peak = (f"; peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
+                if args.device.startswith("cuda") else "")
         print(f"turns {turns}: {tokens / 1e6:.1f}M valid tokens; best "
-              + ", ".join(f"{label} {tokens / seconds / 1e6:.1f}" for label, seconds in best.items()) + " Mtok/s")
+              + ", ".join(f"{label} {tokens / seconds / 1e6:.1f}" for label, seconds in best.items()) + " Mtok/s"
+              + peak)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -98,9 +99,13 @@ class Batch:
         )
 
 
-def concat_rows(batches: list[Batch]) -> Batch:
-    """One batch of the rows of consecutive batches of one source, in order (the first one itself when alone)."""
-    if len(batches) == 1:
+def concat_rows(batches: list[Batch], empty: Callable[[str, int, np.dtype], np.ndarray] | None = None) -> Batch:
+    """One batch of the rows of consecutive batches of one source, in order (the first one itself when alone).
+
+    With `empty(role, size, dtype)`, the per-token arrays are joined into the arrays it hands out (host buffers
+    reused for a device), even for one batch; the response mask then comes out as bool.
+    """
+    if len(batches) == 1 and empty is None:
         return batches[0]
     first = batches[0]
     ends = np.cumsum([b.num_positions for b in batches])
@@ -110,10 +115,16 @@ def concat_rows(batches: list[Batch]) -> Batch:
     def joined(arrays: list[np.ndarray | None]) -> np.ndarray | None:
         return None if any(a is None for a in arrays) else np.concatenate(arrays)  # type: ignore[arg-type]
 
+    def tokens(role: str, arrays: list[np.ndarray | None], dtype: np.dtype | None = None) -> np.ndarray | None:
+        if empty is None or any(a is None for a in arrays):
+            return joined(arrays)
+        out = empty(role, int(ends[-1]), dtype or np.result_type(*arrays))
+        return np.concatenate(arrays, out=out, casting="unsafe" if dtype is not None else "same_kind")
+
     return Batch(
-        old_log_probs=np.concatenate([b.old_log_probs for b in batches]),
-        rollout_log_probs=np.concatenate([b.rollout_log_probs for b in batches]),
-        response_mask=np.concatenate([b.response_mask for b in batches]),
+        old_log_probs=tokens("old_log_probs", [b.old_log_probs for b in batches]),
+        rollout_log_probs=tokens("rollout_log_probs", [b.rollout_log_probs for b in batches]),
+        response_mask=tokens("response_mask", [b.response_mask for b in batches], np.dtype(bool)),
         offsets=offsets,
         source=first.source,
         first_row=first.first_row,
@@ -121,7 +132,6 @@ def concat_rows(batches: list[Batch]) -> Batch:
         sequence_ids=joined([b.sequence_ids for b in batches]),
         labels=first.labels,
         groups={name: np.concatenate([b.groups[name] for b in batches]) for name in first.groups},
-        advantages=joined([b.advantages for b in batches]),
+        advantages=tokens("advantages", [b.advantages for b in batches]),
         process_index=joined([b.process_index for b in batches]),
     )
-

@@ -33,9 +33,10 @@ from mismatch_cli.engine.state import F64
 # Fill values such as -9999 (or -1e4, finfo.min) are no log-prob of a sampled token; -9000 also
 # catches -9999 after bf16 rounding (-9984).
 SENTINEL_LOGPROB = -9000.0
-# On a GPU a 1M-position chunk costs more in kernel launches and Python than in kernels: 4M-position
-# chunks measured 1.5x the throughput on an H100 (docs/performance.md) and keep temporaries small.
-DEVICE_CHUNK_POSITIONS = 1 << 22
+# On a GPU a chunk costs more in kernel launches and Python than in kernels, so larger chunks go faster:
+# with the host buffers of engine/staging.py, 2^24 positions measured 2.2x the throughput of 2^22 on an
+# H200 (as fast as 2^25), with a peak of 1.9 GiB of GPU memory (docs/performance.md).
+DEVICE_CHUNK_POSITIONS = 1 << 24
 
 
 @dataclass
@@ -334,8 +335,8 @@ def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
         tensor = torch.from_numpy(np.ascontiguousarray(array))
     if device.type == "cuda":
         # Pinned host memory lets the copy run asynchronously: the GPU computes on this chunk while the
-        # CPU (and the read-ahead threads) prepare the next one.
-        return tensor.pin_memory().to(device, non_blocking=True)
+        # CPU (and the read-ahead threads) prepare the next one. Joined chunks already are (engine/staging.py).
+        return (tensor if tensor.is_pinned() else tensor.pin_memory()).to(device, non_blocking=True)
     return tensor.to(device)
 
 

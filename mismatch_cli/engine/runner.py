@@ -27,6 +27,7 @@ from mismatch_cli.engine.family import FamilyAccumulator
 from mismatch_cli.engine.packs import merge_xtuner_packs
 from mismatch_cli.engine.protocol import ChunkDecisions
 from mismatch_cli.engine.signatures import start_token_sums
+from mismatch_cli.engine.staging import Staging
 from mismatch_cli.errors import ConfigError, DataError, InputError, UsageError
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -201,6 +202,7 @@ class Analysis:
         self.chunk_positions = DEVICE_CHUNK_POSITIONS if self.join_batches else MAX_CHUNK_POSITIONS
         self._held: list[Batch] = []
         self._held_positions = 0
+        self._staging: Staging | None = None
         self.fused = fused  # take the per-token sums from the fused CPU sweep where it runs (engine/sweep.py)
 
     def _breakdown(self) -> BatchAccumulator:
@@ -230,7 +232,11 @@ class Analysis:
         """Fold the reader batches held back for a larger device chunk."""
         if self._held:
             held, self._held, self._held_positions = self._held, [], 0
-            self._fold(concat_rows(held))
+            if self._staging is None:
+                self._staging = Staging(self.device, self.chunk_positions)
+            self._staging.begin()
+            self._fold(concat_rows(held, self._staging.empty))
+            self._staging.end()
 
     def _fold(self, whole: Batch) -> None:
         compute_dtype = DTYPES[self.dtype]

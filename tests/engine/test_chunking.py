@@ -13,6 +13,7 @@ from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.analysis import BatchAccumulator
 from mismatch_cli.engine.chunk import make_chunk
 from mismatch_cli.engine.runner import Analysis, _follows, run
+from mismatch_cli.engine.staging import Staging
 
 
 def split(batch: Batch, cuts: list[int]) -> list[Batch]:
@@ -186,3 +187,23 @@ def test_by_step_folds_each_chunk_once_and_changes_nothing(config: dict, aligned
         assert expected.keys() == by_step.steps[step].metrics.keys()
         assert_same_tree(expected, by_step.steps[step].metrics, 1e-12, f"step {step}")
         assert_same_tree(alone.overall.rounds, by_step.steps[step].rounds, 1e-12, f"step {step} rounds")
+
+
+def test_joining_into_reused_host_buffers_copies_every_token_array() -> None:
+    old, rollout, mask = random_dump(14, rows=30)
+    whole = batch_from_padded(old, rollout, mask)
+    whole = Batch(**{**vars(whole), "response_mask": whole.response_mask.astype(np.int8),
+                     "advantages": np.arange(whole.num_positions, dtype=np.float64)})
+    staging = Staging(torch.device("cpu"), positions=16)  # smaller than the chunk: the buffers grow
+    for cuts in ([0, 10, 20, 30], [0, 30]):  # three batches, then one alone: both are copied into the buffers
+        staging.begin()
+        joined = concat_rows([whole.slice_rows(a, b) for a, b in zip(cuts, cuts[1:])], staging.empty)
+        for name in ("old_log_probs", "rollout_log_probs", "offsets", "advantages"):
+            assert np.array_equal(getattr(joined, name), getattr(whole, name)), name
+        assert joined.response_mask.dtype == np.bool_
+        assert np.array_equal(joined.response_mask, whole.response_mask != 0)
+        assert not np.shares_memory(joined.old_log_probs, whole.old_log_probs)
+        staging.end()
+    staging.begin()  # the first set again: its buffers are reused, not reallocated
+    again = staging.empty("old_log_probs", 5, np.dtype(np.float32))
+    assert np.shares_memory(again, concat_rows([whole], staging.empty).old_log_probs)

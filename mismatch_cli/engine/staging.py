@@ -1,0 +1,54 @@
+"""Host buffers that a device chunk's reader batches are joined into, reused chunk after chunk.
+
+Moving a joined chunk to a GPU used to copy its tokens twice on the host (the join, then `pin_memory()`)
+and to page-lock a new buffer whenever a chunk's size was new: 25 ms a call for a 2^25-position chunk on
+an H200, 40 % of the host time there. Joining straight into page-locked buffers that live for the run
+leaves one host copy, and the copy to the device runs asynchronously from them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class Staging:
+    """Two sets of host buffers used in turn, page-locked on CUDA; a set is refilled once its copies are done."""
+
+    def __init__(self, device: torch.device, positions: int) -> None:
+        self.pinned = device.type == "cuda"
+        self.positions = positions  # the usual chunk size: buffers start this large, so they rarely grow
+        self._sets: tuple[dict[str, np.ndarray], ...] = ({}, {})  # views of page-locked tensors kept alive by them
+        self._copied: list[Any] = [None, None]  # per set: a CUDA event after the work that read it
+        self._turn = 0
+
+    def begin(self) -> None:
+        """Take the next set of buffers, once the device is done with what it held (two chunks ago)."""
+        self._turn ^= 1
+        event = self._copied[self._turn]
+        if event is not None:
+            event.synchronize()  # recorded two chunks ago: long complete, since every chunk waits once itself
+            self._copied[self._turn] = None
+
+    def empty(self, role: str, size: int, dtype: np.dtype) -> np.ndarray:
+        """An uninitialized array of `size` elements for one per-token role, in the current set."""
+        dtype = np.dtype(dtype)
+        nbytes = size * dtype.itemsize
+        buffers = self._sets[self._turn]
+        buffer = buffers.get(role)
+        if buffer is None or buffer.size < nbytes:
+            capacity = max(nbytes, self.positions * dtype.itemsize, 1)
+            # a numpy view holds its torch tensor (its base) alive; without CUDA, plain numpy memory
+            buffer = torch.empty(capacity, dtype=torch.uint8, pin_memory=True).numpy() if self.pinned else \
+                np.empty(capacity, dtype=np.uint8)
+            buffers[role] = buffer
+        return buffer[:nbytes].view(dtype)
+
+    def end(self) -> None:
+        """Mark the current set as read by everything queued on the device so far."""
+        if self.pinned:
+            event = torch.cuda.Event()
+            event.record()
+            self._copied[self._turn] = event
