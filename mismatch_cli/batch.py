@@ -99,13 +99,14 @@ class Batch:
         )
 
 
-def concat_rows(batches: list[Batch], empty: Callable[[str, int, np.dtype], np.ndarray] | None = None) -> Batch:
+def concat_rows(batches: list[Batch],
+                join: Callable[[str, list[np.ndarray], np.dtype], np.ndarray] | None = None) -> Batch:
     """One batch of the rows of consecutive batches of one source, in order (the first one itself when alone).
 
-    With `empty(role, size, dtype)`, the per-token arrays are joined into the arrays it hands out (host buffers
-    reused for a device), even for one batch; the response mask then comes out as bool.
+    With `join(role, arrays, dtype)`, each per-token array is joined by it (into host buffers reused for a
+    device), even for one batch; the response mask then comes out as bool.
     """
-    if len(batches) == 1 and empty is None:
+    if len(batches) == 1 and join is None:
         return batches[0]
     first = batches[0]
     ends = np.cumsum([b.num_positions for b in batches])
@@ -116,10 +117,9 @@ def concat_rows(batches: list[Batch], empty: Callable[[str, int, np.dtype], np.n
         return None if any(a is None for a in arrays) else np.concatenate(arrays)  # type: ignore[arg-type]
 
     def tokens(role: str, arrays: list[np.ndarray | None], dtype: np.dtype | None = None) -> np.ndarray | None:
-        if empty is None or any(a is None for a in arrays):
+        if join is None or any(a is None for a in arrays):
             return joined(arrays)
-        out = empty(role, int(ends[-1]), dtype or np.result_type(*arrays))
-        return np.concatenate(arrays, out=out, casting="unsafe" if dtype is not None else "same_kind")
+        return join(role, arrays, dtype or np.result_type(*arrays))  # type: ignore[arg-type]
 
     return Batch(
         old_log_probs=tokens("old_log_probs", [b.old_log_probs for b in batches]),

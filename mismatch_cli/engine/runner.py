@@ -235,7 +235,7 @@ class Analysis:
             if self._staging is None:
                 self._staging = Staging(self.device, self.chunk_positions)
             self._staging.begin()
-            self._fold(concat_rows(held, self._staging.empty))
+            self._fold(concat_rows(held, self._staging.join))
             self._staging.end()
 
     def _fold(self, whole: Batch) -> None:

@@ -197,7 +197,7 @@ def test_joining_into_reused_host_buffers_copies_every_token_array() -> None:
     staging = Staging(torch.device("cpu"), positions=16)  # smaller than the chunk: the buffers grow
     for cuts in ([0, 10, 20, 30], [0, 30]):  # three batches, then one alone: both are copied into the buffers
         staging.begin()
-        joined = concat_rows([whole.slice_rows(a, b) for a, b in zip(cuts, cuts[1:])], staging.empty)
+        joined = concat_rows([whole.slice_rows(a, b) for a, b in zip(cuts, cuts[1:], strict=False)], staging.join)
         for name in ("old_log_probs", "rollout_log_probs", "offsets", "advantages"):
             assert np.array_equal(getattr(joined, name), getattr(whole, name)), name
         assert joined.response_mask.dtype == np.bool_
@@ -205,5 +205,5 @@ def test_joining_into_reused_host_buffers_copies_every_token_array() -> None:
         assert not np.shares_memory(joined.old_log_probs, whole.old_log_probs)
         staging.end()
     staging.begin()  # the first set again: its buffers are reused, not reallocated
-    again = staging.empty("old_log_probs", 5, np.dtype(np.float32))
-    assert np.shares_memory(again, concat_rows([whole], staging.empty).old_log_probs)
+    again = staging.join("old_log_probs", [whole.old_log_probs[:5]], np.dtype(np.float32))
+    assert np.shares_memory(again, concat_rows([whole], staging.join).old_log_probs)
