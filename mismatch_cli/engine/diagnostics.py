@@ -302,8 +302,11 @@ class DiagnosticsAccumulator(Accumulator):
     def _fused_token_sums(self, chunk: Chunk, fused: TokenSums) -> None:
         """The same, from the chunk's fused sweep (signatures.token_sums)."""
         s, sums = self.state, fused.sums
-        for name in ("sum_abs", "sum_log_ratio", "negative", "sum_exp_abs", "sum_ratio", "sum_ratio_sq"):
+        for name in ("negative", "sum_exp_abs"):
             s.add(name, sums[name])
+        for name, values in (("sum_abs", chunk.abs_log_ratio), ("sum_log_ratio", chunk.log_ratio),
+                             ("sum_ratio", chunk.ratio_safe), ("sum_ratio_sq", chunk.ratio_safe_sq)):
+            s.add(name, chunk.total(values))  # the row-sum kernel's totals (Chunk.fuse_row_sums)
         self.counts += fused.sketch
         self.prob.add(float(chunk.num_tokens), sums)
         if fused.position_sums is None:  # the GPU sweep leaves the position profile to torch's segment sums

@@ -155,21 +155,23 @@ class SignaturesAccumulator(Accumulator):
         fused = token_sums(chunk)
         self.tail_slopes += fused.slopes if fused is not None else _tail_slopes(chunk.old, chunk.rollout)
         if fused is not None:
-            self._fused_sums(fused)
+            self._fused_sums(chunk, fused)
         elif numpy_kernels(chunk.old):
             self._host_sums(chunk)
         else:
             self._device_sums(chunk)
         self.tokens.update(chunk)
 
-    def _fused_sums(self, fused: TokenSums) -> None:
+    def _fused_sums(self, chunk: Chunk, fused: TokenSums) -> None:
         """The same sums, from the chunk's fused sweep."""
         s, sums = self.state, fused.sums
         self.buckets += fused.octaves
         for name in ("bitwise_equal", "zero_old", "repeat_old", "fill_old", "zero_rollout", "repeat_rollout",
                      "fill_rollout"):
             s.add(name, sums[name])
-        for name, key in (("x", "old"), ("y", "rollout"), ("xx", "old_sq"), ("yy", "rollout_sq"), ("xy", "old_rollout"),
+        s.add("x", chunk.total(chunk.old))  # the row-sum kernel's totals (Chunk.fuse_row_sums)
+        s.add("y", chunk.total(chunk.rollout))
+        for name, key in (("xx", "old_sq"), ("yy", "rollout_sq"), ("xy", "old_rollout"),
                           ("shift_aligned", "shift_aligned"), ("shift_forward", "shift_forward"),
                           ("shift_backward", "shift_backward")):
             s.add(name, sums[key])

@@ -37,13 +37,14 @@ MIN_INPUT_BYTES = 1 << 28
 SKETCH_SIZE = 2 * NUM_BUCKETS  # the diagnostics' signed sketch of delta: the top bits of its float32 pattern
 OCTAVE_SHIFT, OCTAVES = 23, 512  # the signatures' signed octaves: sign and exponent of a float32 (signatures.py)
 POSITION_BIN = 32  # positions per bin of the diagnostics' position profile (diagnostics.POSITION_BIN)
-_VERSION = 5  # bump with any change to a kernel, so that the first run after an upgrade says it compiles
+_VERSION = 6  # bump with any change to a kernel, so that the first run after an upgrade says it compiles
 
-SUMS = ("sum_abs", "sum_log_ratio", "negative", "sum_exp_abs", "sum_ratio", "sum_ratio_sq",  # diagnostics
+# The sums of old, rollout, the log-ratio, its magnitude, the safe ratio and its square are not here: the row-sum
+# kernel (SEGMENT_SUMS) takes them, and the accumulators read its totals (Chunk.total).
+SUMS = ("negative", "sum_exp_abs",  # diagnostics
         "x", "d", "xx", "xd", "dd", "abs_d", "max_abs_d",  # diagnostics' probability-space pair
         "bitwise_equal", "zero_old", "repeat_old", "fill_old", "zero_rollout", "repeat_rollout", "fill_rollout",
-        "old", "rollout", "old_sq", "rollout_sq", "old_rollout", "shift_aligned", "shift_forward",
-        "shift_backward")  # signatures
+        "old_sq", "rollout_sq", "old_rollout", "shift_aligned", "shift_forward", "shift_backward")  # signatures
 _FORCED: list[bool | None] = [None]
 
 
@@ -225,21 +226,16 @@ def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp
     # reassociated), the histograms in token order, the position profile over positions. Token t is the t-th
     # valid position; continues[t]: token t - 1 is in t's row (the pair the fills and shift residuals read).
     n = old.shape[0]
-    s_abs = s_d = s_exp = s_ratio = s_ratio_sq = 0.0
+    s_exp = 0.0
     s_x = s_p = s_xx = s_xp = s_pp = s_abs_p = 0.0
-    s_o = s_r = oo = rr = o_r = 0.0
+    oo = rr = o_r = 0.0
     negative = equal = zero_o_n = zero_r_n = 0
     max_abs_p = 0.0
     for t in range(n):
         o = old[t]
         r = rollout[t]
-        d = log_ratio[t]
-        s_abs += abs(d)
-        s_d += d
-        negative += d < 0
+        negative += log_ratio[t] < 0
         s_exp += exp_abs[t]
-        s_ratio += ratio[t]
-        s_ratio_sq += ratio_sq[t]
         x = exp_old[t]
         p = x - exp_rollout[t]
         s_x += x
@@ -251,8 +247,6 @@ def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp
         equal += o == r
         zero_o_n += (o == 0) & (r != 0)
         zero_r_n += (r == 0) & (o != 0)
-        s_o += o
-        s_r += r
         oo += o * o
         rr += r * r
         o_r += o * r
@@ -310,9 +304,9 @@ def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp
             at = (piece - begin) // POSITION_BIN
             position_sums[at] += piece_sum
             position_tokens[at] += piece_tokens
-    values = (s_abs, s_d, float(negative), s_exp, s_ratio, s_ratio_sq, s_x, s_p, s_xx, s_xp, s_pp, s_abs_p,
-              max_abs_p, float(equal), float(zero_o_n), float(rep_o_n), float(fill_o_n), float(zero_r_n),
-              float(rep_r_n), float(fill_r_n), s_o, s_r, oo, rr, o_r, aligned, forward, backward)
+    values = (float(negative), s_exp, s_x, s_p, s_xx, s_xp, s_pp, s_abs_p, max_abs_p, float(equal),
+              float(zero_o_n), float(rep_o_n), float(fill_o_n), float(zero_r_n), float(rep_r_n), float(fill_r_n),
+              oo, rr, o_r, aligned, forward, backward)
     for i in range(len(values)):
         sums[i] = values[i]
 
