@@ -372,7 +372,7 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype, fused: bo
         position_advantages = _tensor(batch.advantages, device)
         advantages = position_advantages
     if num_valid < keep.numel():
-        index = flag_indices(keep, num_valid)
+        index = layout.valid_positions = flag_indices(keep, num_valid)
         old, rollout = take(old, index), take(rollout, index)
         advantages = None if advantages is None else take(advantages, index)
     return Chunk(

@@ -20,6 +20,7 @@ from mismatch_cli.engine.ops import count, flag_indices, segment_count
 class Runs:
     """The maximal runs of 1s of a chunk's mask: where they are and which round each one is (device tensors)."""
 
+    start: torch.Tensor  # [G] the run's first position among the chunk's positions
     row: torch.Tensor  # [G] row index within the chunk
     index: torch.Tensor  # [G] round index within its row (0-based)
     index_from_end: torch.Tensor  # [G] 0 = the row's last round
@@ -40,6 +41,7 @@ class Layout:
     num_valid: torch.Tensor | int  # device counts until the chunk's combined count resolves them
     num_runs: torch.Tensor | int
     max_rounds: torch.Tensor | int
+    valid_positions: torch.Tensor | None = None  # [N_valid] each valid token's position (None: every one is valid)
 
     @staticmethod
     def build(mask: torch.Tensor, offsets: torch.Tensor, keep: torch.Tensor, row_positions: torch.Tensor) -> Layout:
@@ -78,8 +80,8 @@ class Layout:
         index = torch.arange(count, dtype=torch.int64, device=device) - first_run[row]
         # Between a run's end and the next start every position is masked, so the next start bounds its tokens.
         valid = self.valid_from(start)
-        return Runs(row=row, index=index, index_from_end=self.rounds_per_row[row] - 1 - index, valid_tokens=valid,
-                    rounds_per_row=self.rounds_per_row, count=count, max_per_row=most)
+        return Runs(start=start, row=row, index=index, index_from_end=self.rounds_per_row[row] - 1 - index,
+                    valid_tokens=valid, rounds_per_row=self.rounds_per_row, count=count, max_per_row=most)
 
 
 def find_runs(mask: np.ndarray | torch.Tensor, offsets: np.ndarray | torch.Tensor,

@@ -68,12 +68,12 @@ class WorstTokens:
         if layout is None or chunk.offsets is None:
             position, round_index = at - (ends - chunk.lengths)[row], torch.full_like(at, -1)
         else:
-            # The at-th valid token's position: the first where the running count of valid positions passes at.
-            at_position = torch.searchsorted(torch.cumsum(layout.keep, 0), at + 1)
-            start = layout.offsets[row]
-            position = at_position - start
-            runs = torch.cumsum(layout.starts, 0)  # runs started up to each position
-            round_index = runs[at_position] - torch.where(start > 0, runs[(start - 1).clamp(min=0)], 0) - 1
+            # The layout's compaction index and the run starts place a token with no pass over the positions.
+            at_position = at if layout.valid_positions is None else layout.valid_positions.index_select(0, at)
+            position = at_position - layout.offsets[row]
+            runs = chunk.runs
+            runs_before_row = torch.cumsum(runs.rounds_per_row, 0) - runs.rounds_per_row
+            round_index = torch.searchsorted(runs.start, at_position, right=True) - 1 - runs_before_row[row]
         columns = (at, delta.index_select(0, at), chunk.old.index_select(0, at), chunk.rollout.index_select(0, at),
                    row, position, round_index)
         return torch.stack([c.to(F64) for c in columns], dim=1).flatten()
