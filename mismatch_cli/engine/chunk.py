@@ -34,7 +34,7 @@ from mismatch_cli.engine.state import F64
 # catches -9999 after bf16 rounding (-9984).
 SENTINEL_LOGPROB = -9000.0
 # On a GPU a chunk costs more in kernel launches and Python than in kernels, so larger chunks go faster:
-# with the host buffers of engine/staging.py, 2^24 positions measured 2.2x the throughput of 2^22 on an
+# with the host buffers of engine/staging.py, 2^24 positions measured 1.5-2.2x the throughput of 2^22 on an
 # H200 (as fast as 2^25), with a peak of 1.9 GiB of GPU memory (docs/performance.md).
 DEVICE_CHUNK_POSITIONS = 1 << 24
 
