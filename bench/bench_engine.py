@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from mismatch_cli.correction import CorrectionConfig, resolve
+from mismatch_cli.engine.chunk import DEVICE_CHUNK_POSITIONS
 from mismatch_cli.engine.runner import Analysis, resolve_device
 from mismatch_cli.io import ReadOptions, discover_inputs, iter_batches
 
@@ -106,7 +107,7 @@ def profile_cuda(batches: list, device: str, chunk_positions: int | None, config
     from torch.profiler import ProfilerActivity, profile
 
     positions = sum(b.num_positions for b in batches)
-    chunks = -(-positions // (chunk_positions or (1 << 22)))
+    chunks = -(-positions // (chunk_positions or DEVICE_CHUNK_POSITIONS))
     with by_accumulator(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         seconds = once(batches, config, device, chunk_positions)
     ranges: dict[str, list[float]] = {}

@@ -372,7 +372,8 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype, fused: bo
         position_advantages = _tensor(batch.advantages, device)
         advantages = position_advantages
     if num_valid < keep.numel():
-        index = layout.valid_positions = flag_indices(keep, num_valid)
+        index = flag_indices(keep, num_valid)
+        layout.valid_positions = index  # where each valid token sits: placing a worst token on a device reads it
         old, rollout = take(old, index), take(rollout, index)
         advantages = None if advantages is None else take(advantages, index)
     return Chunk(

@@ -328,6 +328,7 @@ class Analysis:
     def finish(self, source_names: tuple[str, ...] = ()) -> EngineResult:
         """Compute every metric; raise when the input as a whole has no row or no valid token."""
         self.flush()
+        self._staging = None  # its page-locked buffers go back now, not when the analysis is collected
         correction = self.correction
         names = source_names or tuple(self.sources)
         if not self.any_rows:

@@ -8,6 +8,7 @@ leaves one host copy, and the copy to the device runs asynchronously from them.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -18,8 +19,9 @@ class Staging:
     """Two sets of host buffers used in turn, page-locked on CUDA; a set is refilled once its copies are done."""
 
     def __init__(self, device: torch.device, positions: int) -> None:
+        self.device = device
         self.pinned = device.type == "cuda"
-        self.positions = positions  # the usual chunk size: buffers start this large, so they rarely grow
+        self.positions = positions  # the largest usual chunk: a buffer grows by doubling up to it, then as needed
         self._sets: tuple[dict[str, np.ndarray], ...] = ({}, {})  # views of page-locked tensors kept alive by them
         self._copied: list[Any] = [None, None]  # per set: a CUDA event after the work that read it
         self._turn = 0
@@ -40,23 +42,26 @@ class Staging:
         buffers = self._sets[self._turn]
         buffer = buffers.get(role)
         if buffer is None or buffer.size < nbytes:
-            capacity = max(nbytes, self.positions * dtype.itemsize, 1)
+            # Sized to the input at first (a small dump page-locks little), then doubled up to a full chunk.
+            grown = min(2 * buffer.size, self.positions * dtype.itemsize) if buffer is not None else 0
+            capacity = max(nbytes, grown, 1)
             # a numpy view holds its torch tensor (its base) alive; without CUDA, plain numpy memory
             buffer = torch.empty(capacity, dtype=torch.uint8, pin_memory=True).numpy() if self.pinned else \
                 np.empty(capacity, dtype=np.uint8)
             buffers[role] = buffer
         out = buffer[:nbytes].view(dtype)
-        # torch's copy runs on all intra-op threads, where numpy's concatenate runs on one: on an H200 host the
-        # join was the largest host cost of a device chunk.
         target, start = torch.from_numpy(out), 0
-        for array in arrays:
-            target[start:start + len(array)].copy_(torch.from_numpy(np.ascontiguousarray(array)))
-            start += len(array)
+        with warnings.catch_warnings():
+            # Arrow hands out read-only zero-copy arrays; we only read them, so torch's warning is moot.
+            warnings.simplefilter("ignore", UserWarning)
+            for array in arrays:
+                target[start:start + len(array)].copy_(torch.from_numpy(np.ascontiguousarray(array)))
+                start += len(array)
         return out
 
     def end(self) -> None:
         """Mark the current set as read by everything queued on the device so far."""
         if self.pinned:
             event = torch.cuda.Event()
-            event.record()
+            event.record(torch.cuda.current_stream(self.device))
             self._copied[self._turn] = event

@@ -76,9 +76,10 @@ class WorstSequences(Accumulator):
                                scores[2, picked]])
         event = None
         if payload.device.type == "cuda":
+            stream = torch.cuda.current_stream(payload.device)  # the chunk's device, which need not be the current one
             payload = payload.to("cpu", non_blocking=True)  # into pinned memory, without waiting
             event = torch.cuda.Event()
-            event.record()
+            event.record(stream)
         self.pending.append((payload, event, (chunk.source, chunk.first_row, chunk.sequence_ids, chunk.steps)))
         self._drain(wait=False)
 

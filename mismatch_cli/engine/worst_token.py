@@ -71,9 +71,8 @@ class WorstTokens:
             # The layout's compaction index and the run starts place a token with no pass over the positions.
             at_position = at if layout.valid_positions is None else layout.valid_positions.index_select(0, at)
             position = at_position - layout.offsets[row]
-            runs = chunk.runs
-            runs_before_row = torch.cumsum(runs.rounds_per_row, 0) - runs.rounds_per_row
-            round_index = torch.searchsorted(runs.start, at_position, right=True) - 1 - runs_before_row[row]
+            runs = chunk.runs  # the run holding a valid token is the last one starting at or before it
+            round_index = runs.index[torch.searchsorted(runs.start, at_position, right=True) - 1]
         columns = (at, delta.index_select(0, at), chunk.old.index_select(0, at), chunk.rollout.index_select(0, at),
                    row, position, round_index)
         return torch.stack([c.to(F64) for c in columns], dim=1).flatten()

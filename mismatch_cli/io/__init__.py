@@ -124,9 +124,9 @@ class _Guarded(Iterator[Batch]):
         self._batches, self._handed = batches, 0
 
     def __next__(self) -> Batch:
-        if self._handed == 1:
-            hold_for_test()
         try:
+            if self._handed == 1:
+                hold_for_test()
             batch = next(self._batches)
             raise_pending()  # a signal whose exception a library swallowed stops the read here
         except BaseException:
