@@ -193,8 +193,12 @@ class Chunk:
         else:
             rows = torch.from_numpy(sweep.segment_sums(*(t.numpy() for t in inputs), self.lengths.numpy()).T.copy())
         for values, row_sums, total_sum in zip(tensors, rows, rows.sum(1), strict=True):
-            self._row_sums[id(values)] = (values, row_sums)
+            self.remember_row_sum(values, row_sums)
             self._totals[id(values)] = (values, total_sum)
+
+    def remember_row_sum(self, values: torch.Tensor, row_sums: torch.Tensor) -> None:
+        """Record per-row float64 sums of `values` taken elsewhere (a fused kernel), for `row_sum` and `row_mean`."""
+        self._row_sums[id(values)] = (values, row_sums)
 
     def row_sum(self, values: torch.Tensor) -> torch.Tensor:
         """Per-row float64 sum of per-token values (0 for an empty row), computed once per tensor."""
@@ -224,10 +228,14 @@ class Chunk:
 
         With `exact` (a bool or integer mask upstream) the 1e-8 vanishes in float32 unless the count is 0.
         """
+        return self.mean_of_row_sums(self.row_sum(values), exact)
+
+    def mean_of_row_sums(self, row_sums: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        """`row_mean` of the values whose per-row float64 sums are `row_sums` (taken by a fused kernel)."""
         if exact:
             tokens = self.row_tokens
-            return self.row_sum(values) / torch.where(tokens > 0, tokens, torch.full_like(tokens, 1e-8))
-        return self.row_sum(values) / self.row_denominator
+            return row_sums / torch.where(tokens > 0, tokens, torch.full_like(tokens, 1e-8))
+        return row_sums / self.row_denominator
 
     def row_max(self, values: torch.Tensor) -> torch.Tensor:
         """Per-row max over valid tokens (0 for an empty row, as verl's seq_max does)."""

@@ -7,6 +7,7 @@ import math
 import torch
 
 from mismatch_cli.correction import RsOption
+from mismatch_cli.engine import sweep
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.protocol import VERL_PREFIX, Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.state import F64, Moments, Reducer, float32_fraction
@@ -70,26 +71,37 @@ class RejectionAccumulator(Accumulator):
         for bounds in self.bounds:
             name = bounds.option.name
             is_k1 = bounds.option.is_k1
-            stat = token_statistic(chunk, bounds.option.statistic)
+            statistic = bounds.option.statistic
+            fused = sweep.wanted(chunk.log_ratio_safe, chunk.fused)  # numba kernels (engine/sweep.py)
+            stat = sweep.rs_statistic(chunk.log_ratio_safe, statistic) if fused else token_statistic(chunk, statistic)
             if bounds.option.level == "token":
-                row_value = chunk.row_mean(stat, exact=self.exact_mask)
-                reject = ~bounds.keep(stat)
-                clamped = stat.clamp(min=bounds.low, max=bounds.high).to(F64)  # float64: std cancels
-                s.add(f"{name}:sum", stat)
-                s.add(f"{name}:sum_c", clamped.sum())
-                s.add(f"{name}:sum_c_sq", clamped.square().sum())
-                s.add(f"{name}:count_high", stat > bounds.high)  # bool tensors: counted by ops.total
-                if is_k1:
-                    s.add(f"{name}:count_low", stat < bounds.low)
-                if chunk.num_tokens:
-                    s.max(f"{name}:max", stat.max())
-                    s.min(f"{name}:min", stat.min())
-                s.add(f"{name}:rejected_tokens", reject)
-                rejected_rows = chunk.row_count(reject) > 0
+                if fused:
+                    sums = sweep.option_sums(stat, chunk.lengths, bounds.low, bounds.high, is_k1)
+                    row_value = chunk.mean_of_row_sums(sums.row_sums, exact=self.exact_mask)
+                    reject, rejected_rows = sums.reject, self._fused_token_sums(chunk, bounds, sums)
+                else:
+                    row_value = chunk.row_mean(stat, exact=self.exact_mask)
+                    reject = ~bounds.keep(stat)
+                    clamped = stat.clamp(min=bounds.low, max=bounds.high).to(F64)  # float64: std cancels
+                    s.add(f"{name}:sum", stat)
+                    s.add(f"{name}:sum_c", clamped.sum())
+                    s.add(f"{name}:sum_c_sq", clamped.square().sum())
+                    s.add(f"{name}:count_high", stat > bounds.high)  # bool tensors: counted by ops.total
+                    if is_k1:
+                        s.add(f"{name}:count_low", stat < bounds.low)
+                    if chunk.num_tokens:
+                        s.max(f"{name}:max", stat.max())
+                        s.min(f"{name}:min", stat.min())
+                    s.add(f"{name}:rejected_tokens", reject)
+                    rejected_rows = chunk.row_count(reject) > 0
                 token_reject = reject if token_reject is None else token_reject | reject
             else:
                 reduction = bounds.option.reduction
-                if reduction == "sum":
+                if fused:
+                    row_value = sweep.row_reduction(stat, chunk.lengths, maxima=reduction == "max")
+                    if reduction == "mean":
+                        row_value = chunk.mean_of_row_sums(row_value, exact=self.exact_mask)
+                elif reduction == "sum":
                     row_value = chunk.row_sum(stat)
                 elif reduction == "mean":
                     row_value = chunk.row_mean(stat, exact=self.exact_mask)
@@ -125,6 +137,19 @@ class RejectionAccumulator(Accumulator):
             decisions.decide(rs_token_reject=token_reject)
         s.add("rejected_tokens", lost.sum())
         s.add("rejected_rows", (valid & (lost > 0)).sum())
+
+    def _fused_token_sums(self, chunk: Chunk, bounds: OptionBounds, fused: sweep.OptionSums) -> torch.Tensor:
+        """Fold a token-level option's totals from its one-pass kernel; the rows it rejects a token of."""
+        s, name = self.state, bounds.option.name
+        chunk.remember_row_sum(fused.reject, fused.row_rejects.to(F64))  # row_count of the flags, when alone
+        for key in ("sum", "sum_c", "sum_c_sq", "count_high", "rejected_tokens"):
+            s.add(f"{name}:{key}", fused.sums[key])
+        if bounds.option.is_k1:
+            s.add(f"{name}:count_low", fused.sums["count_low"])
+        if chunk.num_tokens:
+            s.max(f"{name}:max", fused.sums["max"])
+            s.min(f"{name}:min", fused.sums["min"])
+        return fused.row_rejects > 0
 
     def merge(self, other: RejectionAccumulator) -> None:
         """Fold another accumulator of the same configuration into this one."""

@@ -28,16 +28,13 @@ import numpy as np
 import torch
 
 from mismatch_cli.engine.ops import numpy_kernels
-from mismatch_cli.engine.sketch import NUM_BUCKETS, SHIFT
+from mismatch_cli.engine.sweep_kernels import KERNELS, OCTAVE_SHIFT, OCTAVES, POSITION_BIN, SKETCH_SIZE, STATISTICS
 
 # A process pays ~0.4 s to import numba and load the cached kernel, which the sweep repays (about 9 ns a token) on
 # inputs of this many bytes (~35M tokens of a float32 parquet dump); the decision is by input, never by chunk or
 # by what the process ran before, so one input always gives the same numbers.
 MIN_INPUT_BYTES = 1 << 28
-SKETCH_SIZE = 2 * NUM_BUCKETS  # the diagnostics' signed sketch of delta: the top bits of its float32 pattern
-OCTAVE_SHIFT, OCTAVES = 23, 512  # the signatures' signed octaves: sign and exponent of a float32 (signatures.py)
-POSITION_BIN = 32  # positions per bin of the diagnostics' position profile (diagnostics.POSITION_BIN)
-_VERSION = 6  # bump with any change to a kernel, so that the first run after an upgrade says it compiles
+_VERSION = 7  # bump with any change to a kernel, so that the first run after an upgrade says it compiles
 
 # The sums of old, rollout, the log-ratio, its magnitude, the safe ratio and its square are not here: the row-sum
 # kernel (SEGMENT_SUMS) takes them, and the accumulators read its totals (Chunk.total).
@@ -85,8 +82,8 @@ def _kernels() -> dict[str, Any] | None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an unwritable cache folder: compile in memory, every run
         options = {"cache": True, "nogil": True, "fastmath": {"reassoc"}}
-        kernels = {"sweep": numba.njit(_sweep_signature(numba.types), **options)(_sweep),
-                   "segments": numba.njit(_segments_signature(numba.types), **options)(_segments)}
+        kernels = {name: numba.njit(signature(numba.types), **options)(function)
+                   for name, (function, signature) in KERNELS.items()}
     try:
         marker.touch()
     except OSError:
@@ -167,6 +164,58 @@ def segment_sums(old: np.ndarray, rollout: np.ndarray, ratio_safe: np.ndarray, r
     return out
 
 
+OPTION_SUMS = ("sum", "sum_c", "sum_c_sq", "count_high", "count_low", "rejected_tokens", "max", "min")
+
+
+@dataclass(frozen=True)
+class OptionSums:
+    """A token-level RS option over a chunk: its totals (OPTION_SUMS) and what RS needs per row and token."""
+
+    sums: dict[str, float]
+    row_sums: torch.Tensor  # float64 [B]: the statistic summed over each row's tokens
+    row_rejects: torch.Tensor  # int64 [B]: tokens the option rejects in each row
+    reject: torch.Tensor  # bool [N]: the option rejects the token
+
+
+def rs_statistic(safe: torch.Tensor, statistic: str) -> torch.Tensor:
+    """An RS option's float32 per-token statistic: k1 and k2 in one kernel pass over the safe log-ratio, k3 in
+    torch (its vectorized exp), each exactly as verl's torch expression gives it."""
+    if statistic == "k3":
+        return torch.exp(safe) - 1.0 - safe
+    kernels = _kernels()
+    assert kernels is not None
+    stat = np.empty(safe.numel(), dtype=np.float32)
+    kernels["statistic"](safe.numpy(), stat, STATISTICS.index(statistic))
+    return torch.from_numpy(stat)
+
+
+def option_sums(stat: torch.Tensor, lengths: torch.Tensor, low: float, high: float, two_sided: bool) -> OptionSums:
+    """A token-level RS option's sums in one pass over its float32 statistic (`lengths` tokens per row).
+
+    A token is rejected above `high` (and below `low` when `two_sided`); the clamp is to [low, high].
+    """
+    kernels = _kernels()
+    assert kernels is not None
+    rows = lengths.numel()
+    row_sums, row_rejects = np.zeros(rows, dtype=np.float64), np.zeros(rows, dtype=np.int64)
+    reject = np.empty(stat.numel(), dtype=bool)
+    sums = np.zeros(len(OPTION_SUMS), dtype=np.float64)
+    kernels["option"](stat.numpy(), lengths.numpy().astype(np.int64, copy=False), np.float32(low), np.float32(high),
+                      two_sided, reject, row_sums, row_rejects, sums)
+    return OptionSums(sums=dict(zip(OPTION_SUMS, sums.tolist(), strict=True)), row_sums=torch.from_numpy(row_sums),
+                      row_rejects=torch.from_numpy(row_rejects), reject=torch.from_numpy(reject))
+
+
+def row_reduction(stat: torch.Tensor, lengths: torch.Tensor, maxima: bool) -> torch.Tensor:
+    """float64 [B] per-row sums, or (`maxima`) maxima (0 for an empty row), of a float32 per-token statistic."""
+    kernels = _kernels()
+    assert kernels is not None
+    rows = lengths.numel()
+    row_sums, row_max = np.zeros(rows, dtype=np.float64), np.zeros(rows, dtype=np.float64)
+    kernels["rows"](stat.numpy(), lengths.numpy().astype(np.int64, copy=False), maxima, row_sums, row_max)
+    return torch.from_numpy(row_max if maxima else row_sums)
+
+
 @cache
 def _thread() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="mismatch-sweep")
@@ -177,139 +226,6 @@ def start(*arguments: Any) -> Future[TokenSums]:
     return _thread().submit(token_sums, *arguments)
 
 
-def _sweep_signature(types: Any) -> Any:
-    vector = types.Array
-    f32, i64, f64 = vector(types.float32, 1, "C"), vector(types.int64, 1, "C"), vector(types.float64, 1, "C")
-    return types.void(f32, f32, f32, vector(types.uint32, 1, "C"), f32, f32, f32, f32, f32,
-                      vector(types.boolean, 1, "C"), vector(types.boolean, 1, "C"), i64, f32, types.float32,
-                      types.float32, types.float32, types.float32, i64, vector(types.float64, 2, "C"), i64, f64, i64,
-                      f64)
-
-
-def _segments_signature(types: Any) -> Any:
-    f32 = types.Array(types.float32, 1, "C")
-    return types.void(f32, f32, f32, f32, f32, types.Array(types.int64, 1, "C"), types.Array(types.float64, 2, "C"))
-
-
-def _segments(old, rollout, ratio, ratio_sq, k3, lengths, out) -> None:  # noqa: ANN001
-    # Each row's inner loop is a plain reduction that LLVM vectorizes (reassociated float64 sums of float32
-    # terms); old - rollout is taken in float32, as the chunk's log_ratio is.
-    start = 0
-    for row in range(lengths.shape[0]):
-        end = start + lengths[row]
-        s_o = s_r = s_d = s_a = s_q = s_q2 = s_k = 0.0
-        for t in range(start, end):
-            o = old[t]
-            r = rollout[t]
-            d = o - r
-            s_o += o
-            s_r += r
-            s_d += d
-            s_a += abs(d)
-            s_q += ratio[t]
-            s_q2 += ratio_sq[t]
-            s_k += k3[t]
-        out[row, 0] = s_o
-        out[row, 1] = s_r
-        out[row, 2] = s_d
-        out[row, 3] = s_a
-        out[row, 4] = s_q
-        out[row, 5] = s_q2
-        out[row, 6] = s_k
-        start = end
-
-
-def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp_rollout, continues, keep,  # noqa: ANN001, PLR0913, PLR0915
-           offsets, abs_log_ratio, fill, below, scale, top, sketch, octaves, slopes, position_sums,
-           position_tokens, sums) -> None:
-    # Three loops: the token sums (branch-free, so that LLVM vectorizes them: float64 sums of float32 terms,
-    # reassociated), the histograms in token order, the position profile over positions. Token t is the t-th
-    # valid position; continues[t]: token t - 1 is in t's row (the pair the fills and shift residuals read).
-    n = old.shape[0]
-    s_exp = 0.0
-    s_x = s_p = s_xx = s_xp = s_pp = s_abs_p = 0.0
-    oo = rr = o_r = 0.0
-    negative = equal = zero_o_n = zero_r_n = 0
-    max_abs_p = 0.0
-    for t in range(n):
-        o = old[t]
-        r = rollout[t]
-        negative += log_ratio[t] < 0
-        s_exp += exp_abs[t]
-        x = exp_old[t]
-        p = x - exp_rollout[t]
-        s_x += x
-        s_p += p
-        s_xx += x * x
-        s_xp += x * p
-        s_pp += p * p
-        s_abs_p += abs(p)
-        equal += o == r
-        zero_o_n += (o == 0) & (r != 0)
-        zero_r_n += (r == 0) & (o != 0)
-        oo += o * o
-        rr += r * r
-        o_r += o * r
-    rep_o_n = rep_r_n = fill_o_n = fill_r_n = 0
-    aligned = forward = backward = 0.0
-    if n:  # token 0 starts its row: a zero fill at most
-        far = abs(log_ratio[0]) > fill
-        fill_o_n += (old[0] == 0) & (rollout[0] != 0) & far
-        fill_r_n += (rollout[0] == 0) & (old[0] != 0) & far
-    for t in range(1, n):
-        o = old[t]
-        r = rollout[t]
-        po = old[t - 1]
-        pr = rollout[t - 1]
-        pair = continues[t]
-        rep_o = pair & (o == po)
-        rep_r = pair & (r == pr)
-        fill_o = rep_o & ~rep_r
-        fill_r = rep_r & ~rep_o
-        far = abs(log_ratio[t]) > fill
-        rep_o_n += fill_o
-        rep_r_n += fill_r
-        fill_o_n += (((o == 0) & (r != 0)) | fill_o) & far
-        fill_r_n += (((r == 0) & (o != 0)) | fill_r) & far
-        e = log_ratio[t - 1]
-        aligned += e * e if pair else 0.0
-        e = po - r
-        forward += e * e if pair else 0.0
-        e = o - pr
-        backward += e * e if pair else 0.0
-    for t in range(n):
-        b = bits[t]
-        sketch[(b >> SHIFT) & (SKETCH_SIZE - 1)] += 1
-        k = b >> OCTAVE_SHIFT
-        octaves[0, k] += 1.0
-        octaves[1, k] += ratio_sq[t]
-        octaves[2, k] += ratio[t]
-        octaves[3, k] += exp_abs[t]
-        max_abs_p = max(max_abs_p, abs(exp_old[t] - exp_rollout[t]))  # here: a max would stop the vectorizing
-        o = old[t]
-        tail = o < below  # a stand-in divisor off the tail keeps the index finite (valid tokens are finite)
-        slope = rollout[t] / (o if tail else below) * scale
-        slopes[int(min(max(slope, np.float32(0.0)), top))] += tail
-    t = 0
-    for row in range(offsets.shape[0] - 1):
-        begin = offsets[row]
-        for piece in range(begin, offsets[row + 1], POSITION_BIN):
-            piece_sum = 0.0
-            piece_tokens = 0
-            for position in range(piece, min(piece + POSITION_BIN, offsets[row + 1])):
-                if keep[position]:
-                    piece_sum += abs_log_ratio[t]
-                    piece_tokens += 1
-                    t += 1
-            at = (piece - begin) // POSITION_BIN
-            position_sums[at] += piece_sum
-            position_tokens[at] += piece_tokens
-    values = (float(negative), s_exp, s_x, s_p, s_xx, s_xp, s_pp, s_abs_p, max_abs_p, float(equal),
-              float(zero_o_n), float(rep_o_n), float(fill_o_n), float(zero_r_n), float(rep_r_n), float(fill_r_n),
-              oo, rr, o_r, aligned, forward, backward)
-    for i in range(len(values)):
-        sums[i] = values[i]
-
-
-__all__ = ["SEGMENT_SUMS", "SUMS", "TokenSums", "cache_dir", "forced", "segment_sums", "start", "token_sums", "wanted",
-           "worth_it"]
+__all__ = ["OCTAVES", "OCTAVE_SHIFT", "OPTION_SUMS", "POSITION_BIN", "SEGMENT_SUMS", "SKETCH_SIZE", "SUMS",
+           "OptionSums", "TokenSums", "cache_dir", "forced", "option_sums", "row_reduction", "rs_statistic",
+           "segment_sums", "start", "token_sums", "wanted", "worth_it"]

@@ -24,7 +24,8 @@ import torch
 
 from mismatch_cli.engine.ops import F64, numpy_kernels
 from mismatch_cli.engine.sketch import SHIFT
-from mismatch_cli.engine.sweep import OCTAVE_SHIFT, OCTAVES, SEGMENT_SUMS, SKETCH_SIZE, SUMS, TokenSums
+from mismatch_cli.engine.sweep import SEGMENT_SUMS, SUMS, TokenSums
+from mismatch_cli.engine.sweep_kernels import OCTAVE_SHIFT, OCTAVES, SKETCH_SIZE
 
 BLOCK = 1024  # tokens per program of the token kernel
 ROW_BLOCK = 512  # tokens per step of a row's program in the segment kernel

@@ -16,6 +16,7 @@ from mismatch_cli.batch import Batch
 from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine import sweep
 from mismatch_cli.engine.chunk import make_chunk
+from mismatch_cli.engine.rejection import token_statistic
 from mismatch_cli.engine.runner import run
 from mismatch_cli.engine.signatures import FILL_LOG_RATIO, SLOPE_BINS, SLOPE_RANGE, TAIL_NATS, token_sums
 
@@ -60,8 +61,10 @@ TABLES = ("metrics", "rounds", "rounds_from_end", "intervals", "quantiles", "his
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("config", [{}, {"rollout_is": "token", "rollout_is_threshold": 2.0,
-                                         "rollout_rs": "seq_mean_k1,token_k3", "rollout_rs_threshold": "1.01,0.5"}],
-                         ids=["default", "full"])
+                                         "rollout_rs": "seq_mean_k1,token_k3", "rollout_rs_threshold": "1.01,0.5"},
+                                     {"rollout_rs": "token_k1,token_k2,seq_max_k2",
+                                      "rollout_rs_threshold": "0.9_1.1,0.01,0.5"}],
+                         ids=["default", "full", "token_rs"])
 def test_sweep_gives_the_numpy_passes_results(seed: int, config: dict) -> None:
     batches = [dirty_batch(seed, steps=True), dirty_batch(seed + 10, rows=7, steps=True),
                dirty_batch(seed + 20, steps=True, turns=4), dirty_batch(seed + 30, rows=40, turns=1)]
@@ -154,3 +157,35 @@ def test_the_sweep_buckets_as_the_accumulators_do() -> None:
     bits = values.numpy().view(np.uint32)
     assert ((bits >> sweep.OCTAVE_SHIFT).astype(np.int64) == signatures.signed_octaves(values).numpy()).all()
     assert ((bits >> 16) & (sweep.SKETCH_SIZE - 1) == diagnostics.signed_buckets(values).numpy()).all()
+
+
+def test_a_token_rs_option_in_one_pass_matches_float64_by_hand() -> None:
+    # Three rows (3, 0 and 2 tokens). 0.1 is not a float32: a token at float32(0.1) sits on the band's edge, and
+    # torch compares a float32 tensor with a Python float in float32, so it is kept (a float64 test would not).
+    edge = float(np.float32(0.1))
+    stat = np.array([-0.5, edge, 0.3, 0.05, -0.2], dtype=np.float32)
+    lengths = torch.tensor([3, 0, 2])
+    got = sweep.option_sums(torch.from_numpy(stat), lengths, -0.25, 0.1, True)
+    x = stat.astype(np.float64)
+    low, high = float(np.float32(-0.25)), edge
+    reject = (x < low) | (x > high)
+    assert got.reject.tolist() == reject.tolist() == [True, False, True, False, False]
+    assert got.row_rejects.tolist() == [2, 0, 0]
+    assert got.row_sums.tolist() == pytest.approx([x[:3].sum(), 0.0, x[3:].sum()], rel=1e-15)
+    row_sums = sweep.row_reduction(torch.from_numpy(stat), lengths, maxima=False)
+    row_max = sweep.row_reduction(torch.from_numpy(stat), lengths, maxima=True)
+    assert row_sums.tolist() == pytest.approx(got.row_sums.tolist(), rel=1e-15)
+    assert row_max.tolist() == [x[:3].max(), 0.0, x[3:].max()]  # 0 for an empty row, as verl's seq_max
+    clamped = np.clip(x, low, high)
+    expected = {"sum": x.sum(), "sum_c": clamped.sum(), "sum_c_sq": (clamped ** 2).sum(), "count_high": 1,
+                "count_low": 1, "rejected_tokens": 2, "max": x.max(), "min": x.min()}
+    assert got.sums == pytest.approx(expected, rel=1e-15)
+    one_sided = sweep.option_sums(torch.from_numpy(stat), lengths, 0.0, 0.1, False)
+    assert one_sided.reject.tolist() == [False, False, True, False, False] and one_sided.sums["count_high"] == 1
+
+
+@pytest.mark.parametrize("statistic", ["k1", "k2", "k3"])
+def test_the_rs_statistic_is_torchs_bit_for_bit(statistic: str) -> None:
+    chunk = make_chunk(dirty_batch(4), torch.device("cpu"), torch.float32)
+    expected = token_statistic(chunk, statistic)  # verl's expression, in torch
+    assert torch.equal(sweep.rs_statistic(chunk.log_ratio_safe, statistic), expected)

@@ -1,0 +1,244 @@
+"""The numba kernels' sources and signatures, compiled by engine/sweep.py (which is their Python face).
+
+Plain Python over numpy arrays, in the subset numba compiles; this module imports neither numba nor torch.
+Each kernel's inner loops are kept simple enough for LLVM to vectorize them (float64 sums of float32 terms,
+reassociated); float32 differences, products and comparisons are taken as numpy and torch take them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mismatch_cli.engine.sketch import NUM_BUCKETS, SHIFT
+
+SKETCH_SIZE = 2 * NUM_BUCKETS  # the diagnostics' signed sketch of delta: the top bits of its float32 pattern
+OCTAVE_SHIFT, OCTAVES = 23, 512  # the signatures' signed octaves: sign and exponent of a float32 (signatures.py)
+POSITION_BIN = 32  # positions per bin of the diagnostics' position profile (diagnostics.POSITION_BIN)
+STATISTICS = ("k1", "k2", "k3")  # an RS option's statistic, by its index in the RS kernels
+
+
+def _sweep_signature(types: Any) -> Any:
+    vector = types.Array
+    f32, i64, f64 = vector(types.float32, 1, "C"), vector(types.int64, 1, "C"), vector(types.float64, 1, "C")
+    return types.void(f32, f32, f32, vector(types.uint32, 1, "C"), f32, f32, f32, f32, f32,
+                      vector(types.boolean, 1, "C"), vector(types.boolean, 1, "C"), i64, f32, types.float32,
+                      types.float32, types.float32, types.float32, i64, vector(types.float64, 2, "C"), i64, f64, i64,
+                      f64)
+
+
+def _segments_signature(types: Any) -> Any:
+    f32 = types.Array(types.float32, 1, "C")
+    return types.void(f32, f32, f32, f32, f32, types.Array(types.int64, 1, "C"), types.Array(types.float64, 2, "C"))
+
+
+def _segments(old, rollout, ratio, ratio_sq, k3, lengths, out) -> None:  # noqa: ANN001
+    # Each row's inner loop is a plain reduction that LLVM vectorizes (reassociated float64 sums of float32
+    # terms); old - rollout is taken in float32, as the chunk's log_ratio is.
+    start = 0
+    for row in range(lengths.shape[0]):
+        end = start + lengths[row]
+        s_o = s_r = s_d = s_a = s_q = s_q2 = s_k = 0.0
+        for t in range(start, end):
+            o = old[t]
+            r = rollout[t]
+            d = o - r
+            s_o += o
+            s_r += r
+            s_d += d
+            s_a += abs(d)
+            s_q += ratio[t]
+            s_q2 += ratio_sq[t]
+            s_k += k3[t]
+        out[row, 0] = s_o
+        out[row, 1] = s_r
+        out[row, 2] = s_d
+        out[row, 3] = s_a
+        out[row, 4] = s_q
+        out[row, 5] = s_q2
+        out[row, 6] = s_k
+        start = end
+
+
+def _statistic_signature(types: Any) -> Any:
+    f32 = types.Array(types.float32, 1, "C")
+    return types.void(f32, f32, types.int64)
+
+
+def _statistic(values, stat, statistic) -> None:  # noqa: ANN001
+    # k1 = -safe or k2 = safe^2 / 2 in float32, as verl writes them in torch (0.5 * safe**2).
+    half = np.float32(0.5)
+    if statistic == 0:
+        for t in range(values.shape[0]):
+            stat[t] = -values[t]
+    else:
+        for t in range(values.shape[0]):
+            stat[t] = half * (values[t] * values[t])
+
+
+def _option_signature(types: Any) -> Any:
+    vector = types.Array
+    return types.void(vector(types.float32, 1, "C"), vector(types.int64, 1, "C"), types.float32, types.float32,
+                      types.boolean, vector(types.boolean, 1, "C"), vector(types.float64, 1, "C"),
+                      vector(types.int64, 1, "C"), vector(types.float64, 1, "C"))
+
+
+def _option(stat, lengths, low, high, two_sided, reject, row_sums, row_rejects, sums) -> None:  # noqa: ANN001
+    # A token-level RS option: the comparisons and the clamp are float32, as torch takes a float32 tensor against a
+    # Python float.
+    start = 0
+    s = s_c = s_c2 = 0.0
+    high_n = low_n = rejected = 0
+    top = np.float32(-np.inf)
+    bottom = np.float32(np.inf)
+    for row in range(lengths.shape[0]):
+        end = start + lengths[row]
+        r_s = 0.0
+        r_n = 0
+        for t in range(start, end):
+            x = stat[t]
+            above = x > high
+            below = x < low
+            out = above | (two_sided & below)
+            reject[t] = out
+            c = np.float64(min(max(x, low), high))
+            r_s += x
+            r_n += out
+            s_c += c
+            s_c2 += c * c
+            high_n += above
+            low_n += below
+            top = max(top, x)
+            bottom = min(bottom, x)
+        row_sums[row] = r_s
+        row_rejects[row] = r_n
+        s += r_s
+        rejected += r_n
+        start = end
+    values = (s, s_c, s_c2, float(high_n), float(low_n), float(rejected), np.float64(top), np.float64(bottom))
+    for i in range(len(values)):
+        sums[i] = values[i]
+
+
+def _rows_signature(types: Any) -> Any:
+    f64 = types.Array(types.float64, 1, "C")
+    return types.void(types.Array(types.float32, 1, "C"), types.Array(types.int64, 1, "C"), types.boolean, f64, f64)
+
+
+def _rows(stat, lengths, maxima, row_sums, row_max) -> None:  # noqa: ANN001
+    # A sequence-level RS option's per-row sums, or (`maxima`) per-row maxima (0 for an empty row, as verl's
+    # seq_max gives): one plain loop each, so that it vectorizes.
+    start = 0
+    for row in range(lengths.shape[0]):
+        end = start + lengths[row]
+        if maxima:
+            if end > start:
+                r_top = stat[start]
+                for t in range(start + 1, end):
+                    r_top = max(r_top, stat[t])
+                row_max[row] = r_top
+        else:
+            r_s = 0.0
+            for t in range(start, end):
+                r_s += np.float64(stat[t])
+            row_sums[row] = r_s
+        start = end
+
+
+def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp_rollout, continues, keep,  # noqa: ANN001, PLR0913, PLR0915
+           offsets, abs_log_ratio, fill, below, scale, top, sketch, octaves, slopes, position_sums,
+           position_tokens, sums) -> None:
+    # Three loops: the token sums (branch-free, so that LLVM vectorizes them: float64 sums of float32 terms,
+    # reassociated), the histograms in token order, the position profile over positions. Token t is the t-th
+    # valid position; continues[t]: token t - 1 is in t's row (the pair the fills and shift residuals read).
+    n = old.shape[0]
+    s_exp = 0.0
+    s_x = s_p = s_xx = s_xp = s_pp = s_abs_p = 0.0
+    oo = rr = o_r = 0.0
+    negative = equal = zero_o_n = zero_r_n = 0
+    max_abs_p = 0.0
+    for t in range(n):
+        o = old[t]
+        r = rollout[t]
+        negative += log_ratio[t] < 0
+        s_exp += exp_abs[t]
+        x = exp_old[t]
+        p = x - exp_rollout[t]
+        s_x += x
+        s_p += p
+        s_xx += x * x
+        s_xp += x * p
+        s_pp += p * p
+        s_abs_p += abs(p)
+        equal += o == r
+        zero_o_n += (o == 0) & (r != 0)
+        zero_r_n += (r == 0) & (o != 0)
+        oo += o * o
+        rr += r * r
+        o_r += o * r
+    rep_o_n = rep_r_n = fill_o_n = fill_r_n = 0
+    aligned = forward = backward = 0.0
+    if n:  # token 0 starts its row: a zero fill at most
+        far = abs(log_ratio[0]) > fill
+        fill_o_n += (old[0] == 0) & (rollout[0] != 0) & far
+        fill_r_n += (rollout[0] == 0) & (old[0] != 0) & far
+    for t in range(1, n):
+        o = old[t]
+        r = rollout[t]
+        po = old[t - 1]
+        pr = rollout[t - 1]
+        pair = continues[t]
+        rep_o = pair & (o == po)
+        rep_r = pair & (r == pr)
+        fill_o = rep_o & ~rep_r
+        fill_r = rep_r & ~rep_o
+        far = abs(log_ratio[t]) > fill
+        rep_o_n += fill_o
+        rep_r_n += fill_r
+        fill_o_n += (((o == 0) & (r != 0)) | fill_o) & far
+        fill_r_n += (((r == 0) & (o != 0)) | fill_r) & far
+        e = log_ratio[t - 1]
+        aligned += e * e if pair else 0.0
+        e = po - r
+        forward += e * e if pair else 0.0
+        e = o - pr
+        backward += e * e if pair else 0.0
+    for t in range(n):
+        b = bits[t]
+        sketch[(b >> SHIFT) & (SKETCH_SIZE - 1)] += 1
+        k = b >> OCTAVE_SHIFT
+        octaves[0, k] += 1.0
+        octaves[1, k] += ratio_sq[t]
+        octaves[2, k] += ratio[t]
+        octaves[3, k] += exp_abs[t]
+        max_abs_p = max(max_abs_p, abs(exp_old[t] - exp_rollout[t]))  # here: a max would stop the vectorizing
+        o = old[t]
+        tail = o < below  # a stand-in divisor off the tail keeps the index finite (valid tokens are finite)
+        slope = rollout[t] / (o if tail else below) * scale
+        slopes[int(min(max(slope, np.float32(0.0)), top))] += tail
+    t = 0
+    for row in range(offsets.shape[0] - 1):
+        begin = offsets[row]
+        for piece in range(begin, offsets[row + 1], POSITION_BIN):
+            piece_sum = 0.0
+            piece_tokens = 0
+            for position in range(piece, min(piece + POSITION_BIN, offsets[row + 1])):
+                if keep[position]:
+                    piece_sum += abs_log_ratio[t]
+                    piece_tokens += 1
+                    t += 1
+            at = (piece - begin) // POSITION_BIN
+            position_sums[at] += piece_sum
+            position_tokens[at] += piece_tokens
+    values = (float(negative), s_exp, s_x, s_p, s_xx, s_xp, s_pp, s_abs_p, max_abs_p, float(equal),
+              float(zero_o_n), float(rep_o_n), float(fill_o_n), float(zero_r_n), float(rep_r_n), float(fill_r_n),
+              oo, rr, o_r, aligned, forward, backward)
+    for i in range(len(values)):
+        sums[i] = values[i]
+
+
+# name -> (kernel, its numba signature from numba.types)
+KERNELS = {"sweep": (_sweep, _sweep_signature), "segments": (_segments, _segments_signature),
+           "statistic": (_statistic, _statistic_signature), "option": (_option, _option_signature),
+           "rows": (_rows, _rows_signature)}
