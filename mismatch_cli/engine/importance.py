@@ -7,6 +7,7 @@ import math
 import torch
 
 from mismatch_cli.correction import SAFETY_BOUND, IsThreshold
+from mismatch_cli.engine import sweep
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.formulas import ess
 from mismatch_cli.engine.protocol import VERL_PREFIX, Accumulator, ChunkDecisions, Contribution
@@ -47,6 +48,9 @@ class ImportanceAccumulator(Accumulator):
             self._update_sequence(chunk, decisions)
 
     def _update_token(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
+        if sweep.wanted(chunk.ratio_safe, chunk.fused):
+            self._fused_token(chunk, decisions)
+            return
         s, upper = self.state, self.threshold.upper
         lower_metric = self.threshold.metric_lower
         raw = chunk.ratio_safe
@@ -68,6 +72,23 @@ class ImportanceAccumulator(Accumulator):
         row_mean = chunk.row_mean(weight)
         raw_row_mean = chunk.row_mean(raw)
         self._rows(chunk, row_mean, raw_row_mean)
+
+    def _fused_token(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
+        """The same, in one numba pass over the raw ratios (engine/sweep.py)."""
+        s, threshold = self.state, self.threshold
+        weight, row_sums, sums = sweep.is_weights(chunk.ratio_safe, chunk.lengths, threshold.upper, threshold.lower,
+                                                  threshold.metric_lower)
+        decisions.decide(is_token_weight=weight)
+        s.add("tokens", float(chunk.num_tokens))
+        for key in ("sum_w", "sum_w_sq", "count_high", "count_low"):
+            s.add(key, sums[key])
+        if threshold.icepop:
+            s.add("count_oob", sums["count_oob"])
+        if chunk.num_tokens:
+            s.max("max_w", sums["max_w"])
+            s.min("min_w", sums["min_w"])
+        chunk.remember_row_sum(weight, row_sums)  # the rounds and the bootstrap sum the weights per row too
+        self._rows(chunk, chunk.mean_of_row_sums(row_sums), chunk.row_mean(chunk.ratio_safe))
 
     def _update_sequence(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
         s, upper = self.state, self.threshold.upper

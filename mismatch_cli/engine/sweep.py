@@ -216,6 +216,24 @@ def row_reduction(stat: torch.Tensor, lengths: torch.Tensor, maxima: bool) -> to
     return torch.from_numpy(row_max if maxima else row_sums)
 
 
+WEIGHT_SUMS = ("sum_w", "sum_w_sq", "count_high", "count_low", "count_oob", "max_w", "min_w")
+
+
+def is_weights(raw: torch.Tensor, lengths: torch.Tensor, upper: float, lower: float | None, metric_lower: float,
+               ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Token-level IS in one pass over the float32 raw ratios: the applied weights (TIS clamps at `upper`; with
+    `lower`, IcePop zeroes those outside [lower, upper]), their float64 per-row sums and their totals (WEIGHT_SUMS)."""
+    kernels = _kernels()
+    assert kernels is not None
+    weight = np.empty(raw.numel(), dtype=np.float32)
+    row_sums = np.zeros(lengths.numel(), dtype=np.float64)
+    sums = np.zeros(len(WEIGHT_SUMS), dtype=np.float64)
+    kernels["weights"](raw.numpy(), lengths.numpy().astype(np.int64, copy=False), np.float32(upper),
+                       np.float32(-np.inf if lower is None else lower), np.float32(metric_lower), lower is not None,
+                       weight, row_sums, sums)
+    return torch.from_numpy(weight), torch.from_numpy(row_sums), dict(zip(WEIGHT_SUMS, sums.tolist(), strict=True))
+
+
 @cache
 def _thread() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="mismatch-sweep")
@@ -227,5 +245,5 @@ def start(*arguments: Any) -> Future[TokenSums]:
 
 
 __all__ = ["OCTAVES", "OCTAVE_SHIFT", "OPTION_SUMS", "POSITION_BIN", "SEGMENT_SUMS", "SKETCH_SIZE", "SUMS",
-           "OptionSums", "TokenSums", "cache_dir", "forced", "option_sums", "row_reduction", "rs_statistic",
-           "segment_sums", "start", "token_sums", "wanted", "worth_it"]
+           "WEIGHT_SUMS", "OptionSums", "TokenSums", "cache_dir", "forced", "is_weights", "option_sums",
+           "row_reduction", "rs_statistic", "segment_sums", "start", "token_sums", "wanted", "worth_it"]

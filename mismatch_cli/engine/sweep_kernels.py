@@ -146,6 +146,49 @@ def _rows(stat, lengths, maxima, row_sums, row_max) -> None:  # noqa: ANN001
         start = end
 
 
+def _weights_signature(types: Any) -> Any:
+    f32, f64 = types.Array(types.float32, 1, "C"), types.Array(types.float64, 1, "C")
+    return types.void(f32, types.Array(types.int64, 1, "C"), types.float32, types.float32, types.float32,
+                      types.boolean, f32, f64, f64)
+
+
+def _weights(raw, lengths, upper, lower, metric_lower, icepop, weight, row_sums, sums) -> None:  # noqa: ANN001
+    # Token-level IS: the applied weight (TIS: the raw ratio clamped at U; IcePop: zeroed outside [L, U]) and its
+    # sums, in float32 comparisons as torch takes them against Python floats.
+    start = 0
+    s_w = s_w2 = 0.0
+    high_n = low_n = oob_n = 0
+    top = np.float32(-np.inf)
+    bottom = np.float32(np.inf)
+    zero = np.float32(0.0)
+    for row in range(lengths.shape[0]):
+        end = start + lengths[row]
+        r_w = 0.0
+        for t in range(start, end):
+            x = raw[t]
+            above = x > upper
+            below = x < lower
+            if icepop:
+                w = zero if (below | above) else x
+            else:
+                w = min(x, upper)
+            weight[t] = w
+            w64 = np.float64(w)
+            r_w += w64
+            s_w2 += w64 * w64
+            high_n += above
+            low_n += x < metric_lower
+            oob_n += below | above
+            top = max(top, w)
+            bottom = min(bottom, w)
+        row_sums[row] = r_w
+        s_w += r_w
+        start = end
+    values = (s_w, s_w2, float(high_n), float(low_n), float(oob_n), np.float64(top), np.float64(bottom))
+    for i in range(len(values)):
+        sums[i] = values[i]
+
+
 def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp_rollout, continues, keep,  # noqa: ANN001, PLR0913, PLR0915
            offsets, abs_log_ratio, fill, below, scale, top, sketch, octaves, slopes, position_sums,
            position_tokens, sums) -> None:
@@ -241,4 +284,4 @@ def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp
 # name -> (kernel, its numba signature from numba.types)
 KERNELS = {"sweep": (_sweep, _sweep_signature), "segments": (_segments, _segments_signature),
            "statistic": (_statistic, _statistic_signature), "option": (_option, _option_signature),
-           "rows": (_rows, _rows_signature)}
+           "rows": (_rows, _rows_signature), "weights": (_weights, _weights_signature)}

@@ -63,8 +63,10 @@ TABLES = ("metrics", "rounds", "rounds_from_end", "intervals", "quantiles", "his
 @pytest.mark.parametrize("config", [{}, {"rollout_is": "token", "rollout_is_threshold": 2.0,
                                          "rollout_rs": "seq_mean_k1,token_k3", "rollout_rs_threshold": "1.01,0.5"},
                                      {"rollout_rs": "token_k1,token_k2,seq_max_k2",
-                                      "rollout_rs_threshold": "0.9_1.1,0.01,0.5"}],
-                         ids=["default", "full", "token_rs"])
+                                      "rollout_rs_threshold": "0.9_1.1,0.01,0.5"},
+                                     {"rollout_is": "token", "rollout_is_threshold": "0.8_1.2",
+                                      "rollout_rs": "seq_sum_k3", "rollout_rs_threshold": "3.0"}],
+                         ids=["default", "full", "token_rs", "icepop"])
 def test_sweep_gives_the_numpy_passes_results(seed: int, config: dict) -> None:
     batches = [dirty_batch(seed, steps=True), dirty_batch(seed + 10, rows=7, steps=True),
                dirty_batch(seed + 20, steps=True, turns=4), dirty_batch(seed + 30, rows=40, turns=1)]
@@ -189,3 +191,17 @@ def test_the_rs_statistic_is_torchs_bit_for_bit(statistic: str) -> None:
     chunk = make_chunk(dirty_batch(4), torch.device("cpu"), torch.float32)
     expected = token_statistic(chunk, statistic)  # verl's expression, in torch
     assert torch.equal(sweep.rs_statistic(chunk.log_ratio_safe, statistic), expected)
+
+
+@pytest.mark.parametrize("lower", [None, 0.8])
+def test_token_is_weights_in_one_pass_are_torchs(lower: float | None) -> None:
+    chunk = make_chunk(dirty_batch(5), torch.device("cpu"), torch.float32)
+    raw = chunk.ratio_safe
+    upper = 1.2 if lower else 2.0
+    expected = raw.clamp(max=upper) if lower is None else torch.where((raw >= lower) & (raw <= upper), raw, 0.0)
+    weight, row_sums, sums = sweep.is_weights(raw, chunk.lengths, upper, lower, lower or 1 / upper)
+    assert torch.equal(weight, expected)  # the decision the rounds and the bootstrap read, bit for bit
+    w = expected.double().numpy()
+    assert sums["sum_w"] == pytest.approx(w.sum(), rel=1e-12) and sums["sum_w_sq"] == pytest.approx((w * w).sum())
+    assert sums["count_high"] == int((raw > upper).sum()) and sums["max_w"] == w.max() and sums["min_w"] == w.min()
+    assert row_sums.numpy() == pytest.approx(chunk.row_sum(expected).numpy(), rel=1e-12, abs=1e-12)
