@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from typing import Any
@@ -19,7 +19,6 @@ from mismatch_cli.engine.ops import (
     MAX_CHUNK_POSITIONS,
     count,
     flag_indices,
-    isfinite,
     numpy_kernels,
     segment_count,
     segment_max,
@@ -27,12 +26,10 @@ from mismatch_cli.engine.ops import (
     take,
     total,
 )
+from mismatch_cli.engine.quality import QUALITY_CATEGORIES, quality_flags
 from mismatch_cli.engine.segments import Layout, Runs
 from mismatch_cli.engine.state import F64
 
-# Fill values such as -9999 (or -1e4, finfo.min) are no log-prob of a sampled token; -9000 also
-# catches -9999 after bf16 rounding (-9984).
-SENTINEL_LOGPROB = -9000.0
 # On a GPU a chunk costs more in kernel launches and Python than in kernels, so larger chunks go faster:
 # with the host buffers of engine/staging.py, 2^24 positions measured 1.5-2.2x the throughput of 2^22 on an
 # H200 (as fast as 2^25), with a peak of 1.9 GiB of GPU memory (docs/performance.md).
@@ -248,73 +245,6 @@ class Chunk:
         return self.row_sum(flags)
 
 
-def quality_counts(
-    old: np.ndarray, rollout: np.ndarray, mask: np.ndarray
-) -> tuple[np.ndarray, dict[str, int]]:
-    """Valid-token mask after exclusions, and the data-quality counts of the chunk (host arrays)."""
-    keep, flags = _quality_flags(old, rollout, mask)
-    counts = {"positions": int(mask.size), "masked_tokens": int(np.count_nonzero(mask))}
-    counts.update({category: int(np.count_nonzero(flag)) for category, flag in flags.items()})
-    return keep, counts
-
-
-# Which categories are excluded from every metric; the others are counted and kept (SPEC §2.5): a
-# probability of exactly 1 (log-prob 0.0) is legitimate for a confident token in bf16, and a tiny
-# positive log-prob is fp rounding in log-softmax, so dropping them would bias the metrics.
-EXCLUDED_CATEGORIES = ("nonfinite_tokens", "sentinel_tokens")
-QUALITY_CATEGORIES = ("nonfinite_tokens", "sentinel_tokens", "positive_logprob_tokens", "one_side_zero_tokens")
-
-
-def _quality_flags(old: Any, rollout: Any, mask: Any) -> tuple[Any, dict[str, Any]]:
-    """Valid-token mask after exclusions, and one bool array per data-quality category.
-
-    The same expressions for numpy arrays (host) and torch tensors (any device); NaN compares False.
-    """
-    if isinstance(old, torch.Tensor):
-        finite = isfinite(old) & isfinite(rollout)
-    else:
-        finite = np.isfinite(old) & np.isfinite(rollout)
-    nonfinite = mask & ~finite
-    with np.errstate(invalid="ignore"):
-        sentinel = mask & finite & ((old <= SENTINEL_LOGPROB) | (rollout <= SENTINEL_LOGPROB))
-        keep = mask & finite & ~sentinel
-        positive = keep & ((old > 0) | (rollout > 0))
-        one_side_zero = keep & ((old == 0) != (rollout == 0))
-    flags = {
-        "nonfinite_tokens": nonfinite,
-        "sentinel_tokens": sentinel,
-        "positive_logprob_tokens": positive,
-        "one_side_zero_tokens": one_side_zero,
-    }
-    return keep, flags
-
-
-def quality_examples(batch: Batch, categories: Iterable[str], limit: int) -> dict[str, list[dict[str, Any]]]:
-    """The first `limit` flagged tokens of each category: file, row in the file, position in the row, values."""
-    _, flags = _quality_flags(batch.old_log_probs, batch.rollout_log_probs, batch.response_mask.astype(bool))
-    found: dict[str, list[dict[str, Any]]] = {}
-    for category in categories:
-        positions = np.flatnonzero(flags[category])[:limit]
-        if len(positions) == 0:
-            continue
-        rows = np.searchsorted(batch.offsets, positions, side="right") - 1
-        examples = []
-        for position, row in zip(positions.tolist(), rows.tolist(), strict=True):  # at most `limit` of them
-            example: dict[str, Any] = {
-                "file": batch.source,
-                "row": batch.first_row + row,
-                "position": position - int(batch.offsets[row]),
-                "old_log_prob": float(batch.old_log_probs[position]),
-                "rollout_log_prob": float(batch.rollout_log_probs[position]),
-            }
-            if batch.sequence_ids is not None:
-                value = batch.sequence_ids[row]
-                example["id"] = value.item() if isinstance(value, np.generic) else value
-            examples.append(example)
-        found[category] = examples
-    return found
-
-
 def bounded(batch: Batch, max_positions: int = MAX_CHUNK_POSITIONS) -> Iterator[Batch]:
     """Split a batch into row-aligned views of at most `max_positions` positions (one long row stays whole)."""
     if batch.num_positions <= max_positions:
@@ -362,10 +292,10 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype, fused: bo
     positions = (old, rollout, mask)
     offsets = _tensor(batch.offsets.astype(np.int64, copy=False), device)
     if numpy_kernels(device):  # the same expressions, on numpy's faster CPU kernels
-        keep_np, flags_np = _quality_flags(batch.old_log_probs, batch.rollout_log_probs, mask_np)
+        keep_np, flags_np = quality_flags(batch.old_log_probs, batch.rollout_log_probs, mask_np)
         keep, flags = torch.from_numpy(keep_np), {c: torch.from_numpy(f) for c, f in flags_np.items()}
     else:
-        keep, flags = _quality_flags(old, rollout, mask)
+        keep, flags = quality_flags(old, rollout, mask)
     row_positions = offsets[1:] - offsets[:-1]
     lengths = segment_count(keep, row_positions)
     layout = Layout.build(mask, offsets, keep, row_positions)
@@ -403,4 +333,4 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype, fused: bo
     )
 
 
-__all__ = ["Chunk", "bounded", "make_chunk", "quality_counts", "quality_examples"]
+__all__ = ["Chunk", "bounded", "make_chunk"]

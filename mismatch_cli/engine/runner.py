@@ -14,18 +14,11 @@ from mismatch_cli.batch import Batch, concat_rows
 from mismatch_cli.correction import ResolvedCorrection
 from mismatch_cli.engine.analysis import BatchAccumulator, BatchResult
 from mismatch_cli.engine.bootstrap import DEFAULT_REPLICATES
-from mismatch_cli.engine.chunk import (
-    DEVICE_CHUNK_POSITIONS,
-    MAX_CHUNK_POSITIONS,
-    QUALITY_CATEGORIES,
-    Chunk,
-    bounded,
-    make_chunk,
-    quality_examples,
-)
+from mismatch_cli.engine.chunk import DEVICE_CHUNK_POSITIONS, MAX_CHUNK_POSITIONS, Chunk, bounded, make_chunk
 from mismatch_cli.engine.family import FamilyAccumulator
 from mismatch_cli.engine.packs import merge_xtuner_packs
 from mismatch_cli.engine.protocol import ChunkDecisions
+from mismatch_cli.engine.quality import QUALITY_CATEGORIES, quality_examples
 from mismatch_cli.engine.signatures import start_token_sums
 from mismatch_cli.engine.staging import Staging
 from mismatch_cli.errors import ConfigError, DataError, InputError, UsageError
