@@ -68,6 +68,7 @@ class Chunk:
     # Per-row sums already taken, by the id of the per-token tensor (kept alive with it).
     _row_sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
     _totals: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
+    _run_sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
 
     @cached_property
     def runs(self) -> Runs:
@@ -187,11 +188,32 @@ class Chunk:
         inputs = (self.old, self.rollout, self.ratio_safe, self.ratio_safe_sq, self.k3)
         if sweep_gpu.wanted(self.old):
             rows = sweep_gpu.segment_sums(*inputs, self.lengths)  # [columns, B] on the device
+        elif self.layout is not None and self.runs.max_per_row > 1:
+            # Multi-turn on the CPU: the sums per round, which the rounds read, then per row as sums of its rounds.
+            runs = self.runs
+            by_run = sweep.segment_sums(*(t.numpy() for t in inputs), runs.valid_tokens.numpy())
+            rows = torch.from_numpy(_sum_rows_of_runs(by_run, runs.rounds_per_row.numpy()).T.copy())
+            for values, run_sums in zip(tensors, torch.from_numpy(by_run.T.copy()), strict=True):
+                self._run_sums[id(values)] = (values, run_sums)
         else:
             rows = torch.from_numpy(sweep.segment_sums(*(t.numpy() for t in inputs), self.lengths.numpy()).T.copy())
         for values, row_sums, total_sum in zip(tensors, rows, rows.sum(1), strict=True):
             self.remember_row_sum(values, row_sums)
             self._totals[id(values)] = (values, total_sum)
+
+    def run_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-round (`runs`) float64 sum of per-token values, computed once per tensor."""
+        memo = self._run_sums
+        hit = memo.get(id(values))
+        if hit is not None and hit[0] is values:  # the tensor is kept alive, so its id cannot be reused
+            return hit[1]
+        runs = self.runs
+        if runs.max_per_row == 1:  # single-turn: a row's one round holds all its tokens
+            out = self.row_sum(values)[runs.row]
+        else:  # rounds are contiguous in the valid-token arrays, so a segment sum per round suffices
+            out = segment_sum(values, runs.valid_tokens, dtype=F64)
+        memo[id(values)] = (values, out)
+        return out
 
     def remember_row_sum(self, values: torch.Tensor, row_sums: torch.Tensor) -> None:
         """Record per-row float64 sums of `values` taken elsewhere (a fused kernel), for `row_sum` and `row_mean`."""
@@ -243,6 +265,16 @@ class Chunk:
     def row_count(self, flags: torch.Tensor) -> torch.Tensor:
         """Per-row number of valid tokens carrying the flag, float64 [B]."""
         return self.row_sum(flags)
+
+
+def _sum_rows_of_runs(by_run: np.ndarray, runs_per_row: np.ndarray) -> np.ndarray:
+    """[B, columns]: each row's sums as the sum of its runs' rows of `by_run` (0 for a row without a run)."""
+    out = np.zeros((runs_per_row.size, by_run.shape[1]), dtype=np.float64)
+    nonempty = runs_per_row > 0
+    if nonempty.any():
+        starts = (np.cumsum(runs_per_row) - runs_per_row)[nonempty]
+        out[nonempty] = np.add.reduceat(by_run, starts, axis=0)
+    return out
 
 
 def bounded(batch: Batch, max_positions: int = MAX_CHUNK_POSITIONS) -> Iterator[Batch]:

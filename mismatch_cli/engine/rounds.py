@@ -13,7 +13,7 @@ import torch
 
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.formulas import chi2
-from mismatch_cli.engine.ops import bincount, count_in_segments, repeat_segments, segment_sum
+from mismatch_cli.engine.ops import bincount, count_in_segments, repeat_segments
 from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.sketch import NUM_BUCKETS, GroupedSketch, LogSketch
 from mismatch_cli.engine.state import F64
@@ -122,15 +122,7 @@ class RoundsAccumulator(Accumulator):
         run_tokens_f = run_tokens.to(F64)
         run_row = runs.row
 
-        # Single-turn rows hold one run each: the run sums are the (shared, cached) row sums.
-        one_run_per_row = runs.max_per_row == 1
-
-        def run_sum(values: torch.Tensor) -> torch.Tensor:
-            if one_run_per_row:
-                return chunk.row_sum(values)[run_row]
-            # Runs are contiguous in the valid-token arrays, so a segment sum per run suffices.
-            return segment_sum(values, run_tokens, dtype=F64)
-
+        run_sum = chunk.run_sum  # shared and cached (the fused CPU sweep takes several at once)
         log_ratio_sum = run_sum(chunk.log_ratio)
         columns = [
             run_tokens_f,
