@@ -11,11 +11,12 @@ import math
 
 import torch
 
+from mismatch_cli.engine import sweep
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.formulas import chi2
 from mismatch_cli.engine.ops import bincount, count_in_segments, repeat_segments
 from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution
-from mismatch_cli.engine.sketch import NUM_BUCKETS, GroupedSketch, LogSketch
+from mismatch_cli.engine.sketch import DENSE_GROUPS, NUM_BUCKETS, GroupedSketch, LogSketch
 from mismatch_cli.engine.state import F64
 
 CATASTROPHIC_LOG_RATIO = math.log(1e4)  # a token ratio outside [1e-4, 1e4]
@@ -45,7 +46,7 @@ class RoundTable:
             buckets: torch.Tensor | None, size: int, counts: torch.Tensor | None = None) -> None:
         """Fold per-run sums into their rounds and per-token |delta| buckets into the round sketches.
 
-        With `counts` (every run is round 0) the bucket counts were already taken once for both tables.
+        With `counts` ([groups, buckets], or every run in round 0) the bucket counts were already taken.
         """
         if index.numel() == 0:
             return
@@ -149,13 +150,19 @@ class RoundsAccumulator(Accumulator):
         else:
             columns.append(zeros)
         table = torch.stack(columns, dim=1)
-        buckets = LogSketch.buckets(chunk.abs_log_ratio)
         size, tokens = runs.max_per_row, chunk.num_tokens
         if size == 1:  # single-turn: every token is round 0 from both ends
-            counts = bincount(buckets, NUM_BUCKETS)
+            counts = bincount(LogSketch.buckets(chunk.abs_log_ratio), NUM_BUCKETS)
             self.from_start.add(runs.index, table, None, None, 1, counts)
             self.from_end.add(runs.index_from_end, table, None, None, 1, counts)
+        elif size <= DENSE_GROUPS and sweep.wanted(chunk.abs_log_ratio, chunk.fused):
+            # Both tables' per-round sketches in one pass (engine/sweep.py), without per-token round indices.
+            from_start, from_end = sweep.round_sketches(chunk.abs_log_ratio, runs.valid_tokens, runs.index,
+                                                        runs.index_from_end, size)
+            self.from_start.add(runs.index, table, None, None, size, from_start)
+            self.from_end.add(runs.index_from_end, table, None, None, size, from_end)
         else:
+            buckets = LogSketch.buckets(chunk.abs_log_ratio)
             self.from_start.add(runs.index, table, repeat_segments(runs.index, run_tokens, tokens), buckets, size)
             self.from_end.add(runs.index_from_end, table, repeat_segments(runs.index_from_end, run_tokens, tokens),
                               buckets, size)

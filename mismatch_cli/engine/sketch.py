@@ -155,9 +155,11 @@ class GroupedSketch:
             self.pending, self.pending_size = [], 0
 
     def add_counts(self, counts: torch.Tensor) -> None:
-        """Add precomputed bucket counts to group 0."""
-        self._grow(1)
-        self.dense[0] += counts.to(self.device)
+        """Add precomputed bucket counts: [NUM_BUCKETS] to group 0, or [groups, NUM_BUCKETS] to groups 0.. (dense)."""
+        counts = counts.reshape(-1, NUM_BUCKETS)
+        assert counts.shape[0] <= DENSE_GROUPS
+        self._grow(counts.shape[0])
+        self.dense[: counts.shape[0]] += counts.to(self.device)
 
     def add_buckets(self, buckets: torch.Tensor, groups: torch.Tensor, num_groups: int) -> None:
         """Count bucket indices, each in group `groups[i]` (every group < `num_groups`)."""

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from mismatch_cli.engine.ops import numpy_kernels
+from mismatch_cli.engine.sketch import NUM_BUCKETS
 from mismatch_cli.engine.sweep_kernels import KERNELS, OCTAVE_SHIFT, OCTAVES, POSITION_BIN, SKETCH_SIZE, STATISTICS
 
 # A process pays ~0.4 s to import numba and load the cached kernel, which the sweep repays (about 9 ns a token) on
@@ -234,6 +235,18 @@ def is_weights(raw: torch.Tensor, lengths: torch.Tensor, upper: float, lower: fl
     return torch.from_numpy(weight), torch.from_numpy(row_sums), dict(zip(WEIGHT_SUMS, sums.tolist(), strict=True))
 
 
+def round_sketches(abs_log_ratio: torch.Tensor, run_tokens: torch.Tensor, run_index: torch.Tensor,
+                   run_index_from_end: torch.Tensor, rounds: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 [rounds, NUM_BUCKETS] sketch counts of |delta| per round from the start and from the end, one pass."""
+    kernels = _kernels()
+    assert kernels is not None
+    from_start = np.zeros((rounds, NUM_BUCKETS), dtype=np.int64)
+    from_end = np.zeros((rounds, NUM_BUCKETS), dtype=np.int64)
+    kernels["round_sketches"](abs_log_ratio.numpy().view(np.int32), run_tokens.numpy().astype(np.int64, copy=False),
+                              run_index.numpy(), run_index_from_end.numpy(), from_start, from_end)
+    return torch.from_numpy(from_start), torch.from_numpy(from_end)
+
+
 @cache
 def _thread() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="mismatch-sweep")
@@ -246,4 +259,5 @@ def start(*arguments: Any) -> Future[TokenSums]:
 
 __all__ = ["OCTAVES", "OCTAVE_SHIFT", "OPTION_SUMS", "POSITION_BIN", "SEGMENT_SUMS", "SKETCH_SIZE", "SUMS",
            "WEIGHT_SUMS", "OptionSums", "TokenSums", "cache_dir", "forced", "is_weights", "option_sums",
-           "row_reduction", "rs_statistic", "segment_sums", "start", "token_sums", "wanted", "worth_it"]
+           "round_sketches", "row_reduction", "rs_statistic", "segment_sums", "start", "token_sums", "wanted",
+           "worth_it"]

@@ -189,6 +189,25 @@ def _weights(raw, lengths, upper, lower, metric_lower, icepop, weight, row_sums,
         sums[i] = values[i]
 
 
+def _round_sketches_signature(types: Any) -> Any:
+    i64, counts = types.Array(types.int64, 1, "C"), types.Array(types.int64, 2, "C")
+    return types.void(types.Array(types.int32, 1, "C"), i64, i64, i64, counts, counts)
+
+
+def _round_sketches(bits, run_tokens, run_index, run_index_from_end, from_start, from_end) -> None:  # noqa: ANN001
+    # The rounds' sketches of |delta| from either end of the row: the bucket is the top bits of the float32
+    # pattern (sketch.LogSketch.buckets); runs are contiguous in the valid tokens, in order.
+    t = 0
+    for run in range(run_tokens.shape[0]):
+        first = run_index[run]
+        last = run_index_from_end[run]
+        for _ in range(run_tokens[run]):
+            bucket = bits[t] >> SHIFT
+            from_start[first, bucket] += 1
+            from_end[last, bucket] += 1
+            t += 1
+
+
 def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp_rollout, continues, keep,  # noqa: ANN001, PLR0913, PLR0915
            offsets, abs_log_ratio, fill, below, scale, top, sketch, octaves, slopes, position_sums,
            position_tokens, sums) -> None:
@@ -284,4 +303,5 @@ def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp
 # name -> (kernel, its numba signature from numba.types)
 KERNELS = {"sweep": (_sweep, _sweep_signature), "segments": (_segments, _segments_signature),
            "statistic": (_statistic, _statistic_signature), "option": (_option, _option_signature),
-           "rows": (_rows, _rows_signature), "weights": (_weights, _weights_signature)}
+           "rows": (_rows, _rows_signature), "weights": (_weights, _weights_signature),
+           "round_sketches": (_round_sketches, _round_sketches_signature)}
