@@ -94,7 +94,7 @@ def _option(stat, lengths, low, high, two_sided, reject, row_sums, row_rejects, 
     bottom = np.float32(np.inf)
     for row in range(lengths.shape[0]):
         end = start + lengths[row]
-        r_s = 0.0
+        r_s = r_c = r_c2 = 0.0
         r_n = 0
         for t in range(start, end):
             x = stat[t]
@@ -105,15 +105,17 @@ def _option(stat, lengths, low, high, two_sided, reject, row_sums, row_rejects, 
             c = np.float64(min(max(x, low), high))
             r_s += x
             r_n += out
-            s_c += c
-            s_c2 += c * c
+            r_c += c
+            r_c2 += c * c
             high_n += above
             low_n += below
             top = max(top, x)
             bottom = min(bottom, x)
         row_sums[row] = r_s
         row_rejects[row] = r_n
-        s += r_s
+        s += r_s  # float64 partials per row, then over rows (blocked)
+        s_c += r_c
+        s_c2 += r_c2
         rejected += r_n
         start = end
     values = (s, s_c, s_c2, float(high_n), float(low_n), float(rejected), np.float64(top), np.float64(bottom))
@@ -163,7 +165,7 @@ def _weights(raw, lengths, upper, lower, metric_lower, icepop, weight, row_sums,
     zero = np.float32(0.0)
     for row in range(lengths.shape[0]):
         end = start + lengths[row]
-        r_w = 0.0
+        r_w = r_w2 = 0.0
         for t in range(start, end):
             x = raw[t]
             above = x > upper
@@ -175,14 +177,15 @@ def _weights(raw, lengths, upper, lower, metric_lower, icepop, weight, row_sums,
             weight[t] = w
             w64 = np.float64(w)
             r_w += w64
-            s_w2 += w64 * w64
+            r_w2 += w64 * w64
             high_n += above
             low_n += x < metric_lower
             oob_n += below | above
             top = max(top, w)
             bottom = min(bottom, w)
         row_sums[row] = r_w
-        s_w += r_w
+        s_w += r_w  # float64 partials per row, then over rows: blocked, so the error does not grow with the chunk
+        s_w2 += r_w2
         start = end
     values = (s_w, s_w2, float(high_n), float(low_n), float(oob_n), np.float64(top), np.float64(bottom))
     for i in range(len(values)):
