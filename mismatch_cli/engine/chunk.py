@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from typing import Any
@@ -203,17 +203,14 @@ class Chunk:
 
     def run_sum(self, values: torch.Tensor) -> torch.Tensor:
         """Per-round (`runs`) float64 sum of per-token values, computed once per tensor."""
-        memo = self._run_sums
-        hit = memo.get(id(values))
-        if hit is not None and hit[0] is values:  # the tensor is kept alive, so its id cannot be reused
-            return hit[1]
-        runs = self.runs
-        if runs.max_per_row == 1:  # single-turn: a row's one round holds all its tokens
-            out = self.row_sum(values)[runs.row]
-        else:  # rounds are contiguous in the valid-token arrays, so a segment sum per round suffices
-            out = segment_sum(values, runs.valid_tokens, dtype=F64)
-        memo[id(values)] = (values, out)
-        return out
+        def take() -> torch.Tensor:
+            runs = self.runs
+            if runs.max_per_row == 1:  # single-turn: a row's one round holds all its tokens
+                return self.row_sum(values)[runs.row]
+            # rounds are contiguous in the valid-token arrays, so a segment sum per round suffices
+            return segment_sum(values, runs.valid_tokens, dtype=F64)
+
+        return _memoized(self._run_sums, values, take)
 
     def remember_row_sum(self, values: torch.Tensor, row_sums: torch.Tensor) -> None:
         """Record per-row float64 sums of `values` taken elsewhere (a fused kernel), for `row_sum` and `row_mean`."""
@@ -221,26 +218,16 @@ class Chunk:
 
     def row_sum(self, values: torch.Tensor) -> torch.Tensor:
         """Per-row float64 sum of per-token values (0 for an empty row), computed once per tensor."""
-        memo = self._row_sums
-        hit = memo.get(id(values))
-        if hit is not None and hit[0] is values:  # the tensor is kept alive, so its id cannot be reused
-            return hit[1]
-        if self.num_rows == 0:
-            out = torch.zeros(0, dtype=F64, device=values.device)
-        else:
-            out = segment_sum(values, self.lengths, dtype=F64)
-        memo[id(values)] = (values, out)
-        return out
+        def take() -> torch.Tensor:
+            if self.num_rows == 0:
+                return torch.zeros(0, dtype=F64, device=values.device)
+            return segment_sum(values, self.lengths, dtype=F64)
+
+        return _memoized(self._row_sums, values, take)
 
     def total(self, values: torch.Tensor) -> torch.Tensor:
         """ops.total of a per-token tensor, taken once per chunk however many accumulators sum it."""
-        memo = self._totals
-        hit = memo.get(id(values))
-        if hit is not None and hit[0] is values:  # the tensor is kept alive, so its id cannot be reused
-            return hit[1]
-        out = total(values)
-        memo[id(values)] = (values, out)
-        return out
+        return _memoized(self._totals, values, lambda: total(values))
 
     def row_mean(self, values: torch.Tensor, exact: bool = False) -> torch.Tensor:
         """verl's masked_mean along a row: sum / (count + 1e-8); 0 for an empty row.
@@ -265,6 +252,17 @@ class Chunk:
     def row_count(self, flags: torch.Tensor) -> torch.Tensor:
         """Per-row number of valid tokens carrying the flag, float64 [B]."""
         return self.row_sum(flags)
+
+
+def _memoized(memo: dict[int, tuple[torch.Tensor, torch.Tensor]], values: torch.Tensor,
+              take: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """A per-tensor result from `memo`, else `take()`'s, kept there (by the tensor's id, with the tensor)."""
+    hit = memo.get(id(values))
+    if hit is not None and hit[0] is values:  # the tensor is kept alive, so its id cannot be reused
+        return hit[1]
+    out = take()
+    memo[id(values)] = (values, out)
+    return out
 
 
 def _sum_rows_of_runs(by_run: np.ndarray, runs_per_row: np.ndarray) -> np.ndarray:
