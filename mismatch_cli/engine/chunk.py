@@ -191,9 +191,10 @@ class Chunk:
         elif self.layout is not None and self.runs.max_per_row > 1:
             # Multi-turn on the CPU: the sums per round, which the rounds read, then per row as sums of its rounds.
             runs = self.runs
-            by_run = sweep.segment_sums(*(t.numpy() for t in inputs), runs.valid_tokens.numpy())
-            rows = torch.from_numpy(_sum_rows_of_runs(by_run, runs.rounds_per_row.numpy()).T.copy())
-            for values, run_sums in zip(tensors, torch.from_numpy(by_run.T.copy()), strict=True):
+            by_run = torch.from_numpy(
+                sweep.segment_sums(*(t.numpy() for t in inputs), runs.valid_tokens.numpy()).T.copy())
+            rows = torch.stack([segment_sum(run_sums, runs.rounds_per_row) for run_sums in by_run])
+            for values, run_sums in zip(tensors, by_run, strict=True):
                 self._run_sums[id(values)] = (values, run_sums)
         else:
             rows = torch.from_numpy(sweep.segment_sums(*(t.numpy() for t in inputs), self.lengths.numpy()).T.copy())
@@ -234,14 +235,10 @@ class Chunk:
 
         With `exact` (a bool or integer mask upstream) the 1e-8 vanishes in float32 unless the count is 0.
         """
-        return self.mean_of_row_sums(self.row_sum(values), exact)
-
-    def mean_of_row_sums(self, row_sums: torch.Tensor, exact: bool = False) -> torch.Tensor:
-        """`row_mean` of the values whose per-row float64 sums are `row_sums` (taken by a fused kernel)."""
         if exact:
             tokens = self.row_tokens
-            return row_sums / torch.where(tokens > 0, tokens, torch.full_like(tokens, 1e-8))
-        return row_sums / self.row_denominator
+            return self.row_sum(values) / torch.where(tokens > 0, tokens, torch.full_like(tokens, 1e-8))
+        return self.row_sum(values) / self.row_denominator
 
     def row_max(self, values: torch.Tensor) -> torch.Tensor:
         """Per-row max over valid tokens (0 for an empty row, as verl's seq_max does)."""
@@ -262,16 +259,6 @@ def _memoized(memo: dict[int, tuple[torch.Tensor, torch.Tensor]], values: torch.
         return hit[1]
     out = take()
     memo[id(values)] = (values, out)
-    return out
-
-
-def _sum_rows_of_runs(by_run: np.ndarray, runs_per_row: np.ndarray) -> np.ndarray:
-    """[B, columns]: each row's sums as the sum of its runs' rows of `by_run` (0 for a row without a run)."""
-    out = np.zeros((runs_per_row.size, by_run.shape[1]), dtype=np.float64)
-    nonempty = runs_per_row > 0
-    if nonempty.any():
-        starts = (np.cumsum(runs_per_row) - runs_per_row)[nonempty]
-        out[nonempty] = np.add.reduceat(by_run, starts, axis=0)
     return out
 
 

@@ -88,7 +88,7 @@ class ImportanceAccumulator(Accumulator):
             s.max("max_w", sums["max_w"])
             s.min("min_w", sums["min_w"])
         chunk.remember_row_sum(weight, row_sums)  # the rounds and the bootstrap sum the weights per row too
-        self._rows(chunk, chunk.mean_of_row_sums(row_sums), chunk.row_mean(chunk.ratio_safe))
+        self._rows(chunk, chunk.row_mean(weight), chunk.row_mean(chunk.ratio_safe))
 
     def _update_sequence(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
         s, upper = self.state, self.threshold.upper

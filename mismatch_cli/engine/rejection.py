@@ -68,16 +68,16 @@ class RejectionAccumulator(Accumulator):
         s.add("valid_rows", valid.sum())
         token_reject: torch.Tensor | None = None  # union over token-level options, per token
         row_reject_any = torch.zeros_like(valid)  # union over sequence-level options, per row
+        fused = sweep.wanted(chunk.log_ratio_safe, chunk.fused)  # a token-level option in one numba pass
         for bounds in self.bounds:
             name = bounds.option.name
             is_k1 = bounds.option.is_k1
-            statistic = bounds.option.statistic
-            fused = sweep.wanted(chunk.log_ratio_safe, chunk.fused)  # numba kernels (engine/sweep.py)
-            stat = sweep.rs_statistic(chunk.log_ratio_safe, statistic) if fused else token_statistic(chunk, statistic)
+            stat = token_statistic(chunk, bounds.option.statistic)
             if bounds.option.level == "token":
                 if fused:
                     sums = sweep.option_sums(stat, chunk.lengths, bounds.low, bounds.high, is_k1)
-                    row_value = chunk.mean_of_row_sums(sums.row_sums, exact=self.exact_mask)
+                    chunk.remember_row_sum(stat, sums.row_sums)
+                    row_value = chunk.row_mean(stat, exact=self.exact_mask)
                     reject, rejected_rows = sums.reject, self._fused_token_sums(chunk, bounds, sums)
                 else:
                     row_value = chunk.row_mean(stat, exact=self.exact_mask)
@@ -97,11 +97,7 @@ class RejectionAccumulator(Accumulator):
                 token_reject = reject if token_reject is None else token_reject | reject
             else:
                 reduction = bounds.option.reduction
-                if fused:
-                    row_value = sweep.row_reduction(stat, chunk.lengths, maxima=reduction == "max")
-                    if reduction == "mean":
-                        row_value = chunk.mean_of_row_sums(row_value, exact=self.exact_mask)
-                elif reduction == "sum":
+                if reduction == "sum":
                     row_value = chunk.row_sum(stat)
                 elif reduction == "mean":
                     row_value = chunk.row_mean(stat, exact=self.exact_mask)

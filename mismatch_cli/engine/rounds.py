@@ -145,7 +145,7 @@ class RoundsAccumulator(Accumulator):
         if decisions.rs_row_reject is not None:
             self.has_rs = True
             token_reject = decisions.rs_token_reject
-            from_tokens = run_sum(token_reject.to(chunk.old.dtype)) if token_reject is not None else zeros
+            from_tokens = run_sum(token_reject) if token_reject is not None else zeros  # float64 counts
             columns.append(torch.where(decisions.rs_row_reject[run_row], run_tokens_f, from_tokens))
         else:
             columns.append(zeros)

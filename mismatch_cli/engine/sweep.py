@@ -29,13 +29,13 @@ import torch
 
 from mismatch_cli.engine.ops import numpy_kernels
 from mismatch_cli.engine.sketch import NUM_BUCKETS
-from mismatch_cli.engine.sweep_kernels import KERNELS, OCTAVE_SHIFT, OCTAVES, POSITION_BIN, SKETCH_SIZE, STATISTICS
+from mismatch_cli.engine.sweep_kernels import KERNELS, OCTAVE_SHIFT, OCTAVES, POSITION_BIN, SKETCH_SIZE
 
 # A process pays ~0.4 s to import numba and load the cached kernel, which the sweep repays (about 9 ns a token) on
 # inputs of this many bytes (~35M tokens of a float32 parquet dump); the decision is by input, never by chunk or
 # by what the process ran before, so one input always gives the same numbers.
 MIN_INPUT_BYTES = 1 << 28
-_VERSION = 8  # bump with any change to a kernel, so that the first run after an upgrade says it compiles
+_VERSION = 9  # bump with any change to a kernel, so that the first run after an upgrade says it compiles
 
 # The sums of old, rollout, the log-ratio, its magnitude, the safe ratio and its square are not here: the row-sum
 # kernel (SEGMENT_SUMS) takes them, and the accumulators read its totals (Chunk.total).
@@ -89,6 +89,13 @@ def _kernels() -> dict[str, Any] | None:
         marker.touch()
     except OSError:
         pass
+    return kernels
+
+
+def _compiled() -> dict[str, Any]:
+    """The compiled kernels, for a caller that `wanted` sent here (numba is there)."""
+    kernels = _kernels()
+    assert kernels is not None
     return kernels
 
 
@@ -158,8 +165,7 @@ def segment_sums(old: np.ndarray, rollout: np.ndarray, ratio_safe: np.ndarray, r
                  k3: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """float64 [rows, SEGMENT_SUMS]: per row (`lengths` consecutive float32 tokens) the sums of old, rollout,
     old - rollout, its magnitude, the safe ratio, its square and k3, in one pass."""
-    kernels = _kernels()
-    assert kernels is not None
+    kernels = _compiled()
     out = np.zeros((lengths.size, len(SEGMENT_SUMS)), dtype=np.float64)
     kernels["segments"](old, rollout, ratio_safe, ratio_safe_sq, k3, lengths.astype(np.int64, copy=False), out)
     return out
@@ -178,25 +184,12 @@ class OptionSums:
     reject: torch.Tensor  # bool [N]: the option rejects the token
 
 
-def rs_statistic(safe: torch.Tensor, statistic: str) -> torch.Tensor:
-    """An RS option's float32 per-token statistic: k1 and k2 in one kernel pass over the safe log-ratio, k3 in
-    torch (its vectorized exp), each exactly as verl's torch expression gives it."""
-    if statistic == "k3":
-        return torch.exp(safe) - 1.0 - safe
-    kernels = _kernels()
-    assert kernels is not None
-    stat = np.empty(safe.numel(), dtype=np.float32)
-    kernels["statistic"](safe.numpy(), stat, STATISTICS.index(statistic))
-    return torch.from_numpy(stat)
-
-
 def option_sums(stat: torch.Tensor, lengths: torch.Tensor, low: float, high: float, two_sided: bool) -> OptionSums:
     """A token-level RS option's sums in one pass over its float32 statistic (`lengths` tokens per row).
 
     A token is rejected above `high` (and below `low` when `two_sided`); the clamp is to [low, high].
     """
-    kernels = _kernels()
-    assert kernels is not None
+    kernels = _compiled()
     rows = lengths.numel()
     row_sums, row_rejects = np.zeros(rows, dtype=np.float64), np.zeros(rows, dtype=np.int64)
     reject = np.empty(stat.numel(), dtype=bool)
@@ -207,16 +200,6 @@ def option_sums(stat: torch.Tensor, lengths: torch.Tensor, low: float, high: flo
                       row_rejects=torch.from_numpy(row_rejects), reject=torch.from_numpy(reject))
 
 
-def row_reduction(stat: torch.Tensor, lengths: torch.Tensor, maxima: bool) -> torch.Tensor:
-    """float64 [B] per-row sums, or (`maxima`) maxima (0 for an empty row), of a float32 per-token statistic."""
-    kernels = _kernels()
-    assert kernels is not None
-    rows = lengths.numel()
-    row_sums, row_max = np.zeros(rows, dtype=np.float64), np.zeros(rows, dtype=np.float64)
-    kernels["rows"](stat.numpy(), lengths.numpy().astype(np.int64, copy=False), maxima, row_sums, row_max)
-    return torch.from_numpy(row_max if maxima else row_sums)
-
-
 WEIGHT_SUMS = ("sum_w", "sum_w_sq", "count_high", "count_low", "count_oob", "max_w", "min_w")
 
 
@@ -224,8 +207,7 @@ def is_weights(raw: torch.Tensor, lengths: torch.Tensor, upper: float, lower: fl
                ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Token-level IS in one pass over the float32 raw ratios: the applied weights (TIS clamps at `upper`; with
     `lower`, IcePop zeroes those outside [lower, upper]), their float64 per-row sums and their totals (WEIGHT_SUMS)."""
-    kernels = _kernels()
-    assert kernels is not None
+    kernels = _compiled()
     weight = np.empty(raw.numel(), dtype=np.float32)
     row_sums = np.zeros(lengths.numel(), dtype=np.float64)
     sums = np.zeros(len(WEIGHT_SUMS), dtype=np.float64)
@@ -238,8 +220,7 @@ def is_weights(raw: torch.Tensor, lengths: torch.Tensor, upper: float, lower: fl
 def round_sketches(abs_log_ratio: torch.Tensor, run_tokens: torch.Tensor, run_index: torch.Tensor,
                    run_index_from_end: torch.Tensor, rounds: int) -> tuple[torch.Tensor, torch.Tensor]:
     """int64 [rounds, NUM_BUCKETS] sketch counts of |delta| per round from the start and from the end, one pass."""
-    kernels = _kernels()
-    assert kernels is not None
+    kernels = _compiled()
     from_start = np.zeros((rounds, NUM_BUCKETS), dtype=np.int64)
     from_end = np.zeros((rounds, NUM_BUCKETS), dtype=np.int64)
     kernels["round_sketches"](abs_log_ratio.numpy().view(np.int32), run_tokens.numpy().astype(np.int64, copy=False),
@@ -257,7 +238,6 @@ def start(*arguments: Any) -> Future[TokenSums]:
     return _thread().submit(token_sums, *arguments)
 
 
-__all__ = ["OCTAVES", "OCTAVE_SHIFT", "OPTION_SUMS", "POSITION_BIN", "SEGMENT_SUMS", "SKETCH_SIZE", "SUMS",
-           "WEIGHT_SUMS", "OptionSums", "TokenSums", "cache_dir", "forced", "is_weights", "option_sums",
-           "round_sketches", "row_reduction", "rs_statistic", "segment_sums", "start", "token_sums", "wanted",
-           "worth_it"]
+__all__ = ["OCTAVES", "OCTAVE_SHIFT", "POSITION_BIN", "SEGMENT_SUMS", "SKETCH_SIZE", "SUMS", "OptionSums",
+           "TokenSums", "cache_dir", "forced", "is_weights", "option_sums", "round_sketches", "segment_sums", "start",
+           "token_sums", "wanted", "worth_it"]

@@ -16,7 +16,6 @@ from mismatch_cli.engine.sketch import NUM_BUCKETS, SHIFT
 SKETCH_SIZE = 2 * NUM_BUCKETS  # the diagnostics' signed sketch of delta: the top bits of its float32 pattern
 OCTAVE_SHIFT, OCTAVES = 23, 512  # the signatures' signed octaves: sign and exponent of a float32 (signatures.py)
 POSITION_BIN = 32  # positions per bin of the diagnostics' position profile (diagnostics.POSITION_BIN)
-STATISTICS = ("k1", "k2", "k3")  # an RS option's statistic, by its index in the RS kernels
 
 
 def _sweep_signature(types: Any) -> Any:
@@ -61,22 +60,6 @@ def _segments(old, rollout, ratio, ratio_sq, k3, lengths, out) -> None:  # noqa:
         start = end
 
 
-def _statistic_signature(types: Any) -> Any:
-    f32 = types.Array(types.float32, 1, "C")
-    return types.void(f32, f32, types.int64)
-
-
-def _statistic(values, stat, statistic) -> None:  # noqa: ANN001
-    # k1 = -safe or k2 = safe^2 / 2 in float32, as verl writes them in torch (0.5 * safe**2).
-    half = np.float32(0.5)
-    if statistic == 0:
-        for t in range(values.shape[0]):
-            stat[t] = -values[t]
-    else:
-        for t in range(values.shape[0]):
-            stat[t] = half * (values[t] * values[t])
-
-
 def _option_signature(types: Any) -> Any:
     vector = types.Array
     return types.void(vector(types.float32, 1, "C"), vector(types.int64, 1, "C"), types.float32, types.float32,
@@ -100,7 +83,7 @@ def _option(stat, lengths, low, high, two_sided, reject, row_sums, row_rejects, 
             x = stat[t]
             above = x > high
             below = x < low
-            out = above | (two_sided & below)
+            out = not ((x <= high) & ((not two_sided) | (x >= low)))  # as OptionBounds.keep: NaN is rejected
             reject[t] = out
             c = np.float64(min(max(x, low), high))
             r_s += x
@@ -121,31 +104,6 @@ def _option(stat, lengths, low, high, two_sided, reject, row_sums, row_rejects, 
     values = (s, s_c, s_c2, float(high_n), float(low_n), float(rejected), np.float64(top), np.float64(bottom))
     for i in range(len(values)):
         sums[i] = values[i]
-
-
-def _rows_signature(types: Any) -> Any:
-    f64 = types.Array(types.float64, 1, "C")
-    return types.void(types.Array(types.float32, 1, "C"), types.Array(types.int64, 1, "C"), types.boolean, f64, f64)
-
-
-def _rows(stat, lengths, maxima, row_sums, row_max) -> None:  # noqa: ANN001
-    # A sequence-level RS option's per-row sums, or (`maxima`) per-row maxima (0 for an empty row, as verl's
-    # seq_max gives): one plain loop each, so that it vectorizes.
-    start = 0
-    for row in range(lengths.shape[0]):
-        end = start + lengths[row]
-        if maxima:
-            if end > start:
-                r_top = stat[start]
-                for t in range(start + 1, end):
-                    r_top = max(r_top, stat[t])
-                row_max[row] = r_top
-        else:
-            r_s = 0.0
-            for t in range(start, end):
-                r_s += np.float64(stat[t])
-            row_sums[row] = r_s
-        start = end
 
 
 def _weights_signature(types: Any) -> Any:
@@ -170,10 +128,10 @@ def _weights(raw, lengths, upper, lower, metric_lower, icepop, weight, row_sums,
             x = raw[t]
             above = x > upper
             below = x < lower
-            if icepop:
-                w = zero if (below | above) else x
+            if icepop:  # as torch.where(kept, raw, 0) and raw.clamp(max=U): a NaN is zeroed, or kept
+                w = x if (x >= lower) & (x <= upper) else zero
             else:
-                w = min(x, upper)
+                w = upper if above else x
             weight[t] = w
             w64 = np.float64(w)
             r_w += w64
@@ -305,6 +263,5 @@ def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp
 
 # name -> (kernel, its numba signature from numba.types)
 KERNELS = {"sweep": (_sweep, _sweep_signature), "segments": (_segments, _segments_signature),
-           "statistic": (_statistic, _statistic_signature), "option": (_option, _option_signature),
-           "rows": (_rows, _rows_signature), "weights": (_weights, _weights_signature),
+           "option": (_option, _option_signature), "weights": (_weights, _weights_signature),
            "round_sketches": (_round_sketches, _round_sketches_signature)}
