@@ -17,7 +17,6 @@ from mismatch_cli.engine import sweep, sweep_gpu
 from mismatch_cli.engine.formulas import chi2_seq_terms, chi2_token_terms
 from mismatch_cli.engine.ops import (
     MAX_CHUNK_POSITIONS,
-    count,
     flag_indices,
     numpy_kernels,
     segment_count,
@@ -26,8 +25,7 @@ from mismatch_cli.engine.ops import (
     take,
     total,
 )
-from mismatch_cli.engine.quality import QUALITY_CATEGORIES, quality_flags
-from mismatch_cli.engine.segments import Layout, Runs
+from mismatch_cli.engine.segments import Layout, Runs, lay_out
 from mismatch_cli.engine.state import F64
 
 # On a GPU a chunk costs more in kernel launches and Python than in kernels, so larger chunks go faster:
@@ -182,25 +180,32 @@ class Chunk:
 
     def fuse_row_sums(self) -> None:
         """Take the row sums and totals of old, rollout, the log-ratio, its magnitude, the safe ratio, its square
-        and k3 in one fused pass (engine/sweep.py; on a GPU engine/sweep_gpu.py), for `row_sum` and `total`."""
+        and k3 in one fused pass (engine/sweep.py, which on the CPU also yields the last four; on a GPU
+        engine/sweep_gpu.py), for `row_sum` and `total`."""
+        if sweep_gpu.wanted(self.old):
+            inputs = (self.old, self.rollout, self.ratio_safe, self.ratio_safe_sq, self.k3)
+            rows = sweep_gpu.segment_sums(*inputs, self.lengths)  # [columns, B] on the device
+            by_run = None
+        else:
+            # Multi-turn: the sums per round, which the rounds read, then per row as sums of its rounds.
+            runs = self.runs if self.layout is not None and self.runs.max_per_row > 1 else None
+            low, high = (bound.item() for bound in _safe_ratio_bounds(self.old.dtype, self.old.device))
+            segments = self.lengths if runs is None else runs.valid_tokens
+            sums, derived = sweep.segment_sums(self.old.numpy(), self.rollout.numpy(), self.ratio.numpy(), low, high,
+                                               segments.numpy())
+            for name, values in derived.items():  # bit for bit torch's, so a tensor taken before stays as good
+                self.__dict__.setdefault(name, torch.from_numpy(values))
+            columns = torch.from_numpy(sums.T.copy())
+            rows = columns if runs is None else torch.stack([segment_sum(c, runs.rounds_per_row) for c in columns])
+            by_run = None if runs is None else columns
         tensors = (self.old, self.rollout, self.log_ratio, self.abs_log_ratio, self.ratio_safe, self.ratio_safe_sq,
                    self.k3)
-        inputs = (self.old, self.rollout, self.ratio_safe, self.ratio_safe_sq, self.k3)
-        if sweep_gpu.wanted(self.old):
-            rows = sweep_gpu.segment_sums(*inputs, self.lengths)  # [columns, B] on the device
-        elif self.layout is not None and self.runs.max_per_row > 1:
-            # Multi-turn on the CPU: the sums per round, which the rounds read, then per row as sums of its rounds.
-            runs = self.runs
-            by_run = torch.from_numpy(
-                sweep.segment_sums(*(t.numpy() for t in inputs), runs.valid_tokens.numpy()).T.copy())
-            rows = torch.stack([segment_sum(run_sums, runs.rounds_per_row) for run_sums in by_run])
-            for values, run_sums in zip(tensors, by_run, strict=True):
-                self._run_sums[id(values)] = (values, run_sums)
-        else:
-            rows = torch.from_numpy(sweep.segment_sums(*(t.numpy() for t in inputs), self.lengths.numpy()).T.copy())
         for values, row_sums, total_sum in zip(tensors, rows, rows.sum(1), strict=True):
             self.remember_row_sum(values, row_sums)
             self._totals[id(values)] = (values, total_sum)
+        if by_run is not None:
+            for values, run_sums in zip(tensors, by_run, strict=True):
+                self._run_sums[id(values)] = (values, run_sums)
 
     def run_sum(self, values: torch.Tensor) -> torch.Tensor:
         """Per-round (`runs`) float64 sum of per-token values, computed once per tensor."""
@@ -308,29 +313,16 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype, fused: bo
     mask = _tensor(mask_np, device)
     positions = (old, rollout, mask)
     offsets = _tensor(batch.offsets.astype(np.int64, copy=False), device)
-    if numpy_kernels(device):  # the same expressions, on numpy's faster CPU kernels
-        keep_np, flags_np = quality_flags(batch.old_log_probs, batch.rollout_log_probs, mask_np)
-        keep, flags = torch.from_numpy(keep_np), {c: torch.from_numpy(f) for c, f in flags_np.items()}
-    else:
-        keep, flags = quality_flags(old, rollout, mask)
-    row_positions = offsets[1:] - offsets[:-1]
-    lengths = segment_count(keep, row_positions)
-    layout = Layout.build(mask, offsets, keep, row_positions)
-    counted = [layout.num_valid, layout.num_runs, layout.max_rounds, count(mask),
-               *(count(flags[c]) for c in QUALITY_CATEGORIES)]
-    num_valid, num_runs, max_rounds, masked, *found = torch.stack(counted).tolist()  # the one host round trip
-    layout.resolve(num_valid, num_runs, max_rounds)
-    quality = {"positions": batch.num_positions, "masked_tokens": masked, **dict(zip(QUALITY_CATEGORIES, found,
-                                                                                       strict=True))}
     advantages = position_advantages = None
     if batch.advantages is not None:
         position_advantages = _tensor(batch.advantages, device)
         advantages = position_advantages
-    if num_valid < keep.numel():
-        index = flag_indices(keep, num_valid)
-        layout.valid_positions = index  # where each valid token sits: placing a worst token on a device reads it
-        old, rollout = take(old, index), take(rollout, index)
-        advantages = None if advantages is None else take(advantages, index)
+    one_pass = dtype == torch.float32 and sweep.wanted(old, fused) and sweep.wanted(rollout, fused)
+    lengths, layout, quality, compacted = lay_out(batch, positions, offsets, one_pass)
+    if compacted is not None:
+        old, rollout = compacted
+        assert layout.valid_positions is not None
+        advantages = None if advantages is None else take(advantages, layout.valid_positions)
     return Chunk(
         old=old.to(dtype),
         rollout=rollout.to(dtype),

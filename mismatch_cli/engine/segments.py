@@ -1,9 +1,10 @@
-"""A chunk's layout on the device: valid tokens and rounds among its positions, found without a loop.
+"""A chunk's layout on the device: valid tokens, data-quality counts and rounds among its positions.
 
-Round k of a row is its k-th maximal run of 1s in the response mask. Everything is prefix sums and
-gathers over the positions (`ops` primitives: numpy on the CPU, torch on a device), so no loop over
-rows or tokens and no host round trip: the only host numbers (how many runs, the most per row) come
-with the chunk's one combined count.
+Round k of a row is its k-th maximal run of 1s in the response mask. By passes, everything is prefix
+sums and gathers over the positions (`ops` primitives: numpy on the CPU, torch on a device), so no
+loop over rows or tokens and no host round trip: the only host numbers (how many runs, the most per
+row) come with the chunk's one combined count. On the fused CPU path one numba pass over the positions
+finds the same (engine/sweep.py `layout`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mismatch_cli.engine.ops import count, flag_indices, segment_count
+from mismatch_cli.batch import Batch
+from mismatch_cli.engine import sweep
+from mismatch_cli.engine.ops import count, flag_indices, numpy_kernels, segment_count, take
+from mismatch_cli.engine.quality import QUALITY_CATEGORIES, SENTINEL_LOGPROB, quality_flags
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class Layout:
     num_runs: torch.Tensor | int
     max_rounds: torch.Tensor | int
     valid_positions: torch.Tensor | None = None  # [N_valid] each valid token's position (None: every one is valid)
+    found_runs: Runs | None = None  # the runs, when a fused pass found them with the rest (engine/sweep.py)
 
     @staticmethod
     def build(mask: torch.Tensor, offsets: torch.Tensor, keep: torch.Tensor, row_positions: torch.Tensor) -> Layout:
@@ -72,6 +77,8 @@ class Layout:
 
     def runs(self) -> Runs:
         """Each run's row, round index from either end and valid tokens (sizes from the resolved counts)."""
+        if self.found_runs is not None:
+            return self.found_runs
         count, most = int(self.num_runs), int(self.max_rounds)
         device = self.offsets.device
         start = flag_indices(self.starts, count).to(device)
@@ -95,4 +102,61 @@ def find_runs(mask: np.ndarray | torch.Tensor, offsets: np.ndarray | torch.Tenso
     return layout.runs()
 
 
-__all__ = ["Layout", "Runs", "find_runs"]
+Positions = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # a chunk's old, rollout and mask, every position
+Laid = tuple[torch.Tensor, Layout, dict[str, int], tuple[torch.Tensor, torch.Tensor] | None]
+
+
+def lay_out(batch: Batch, positions: Positions, offsets: torch.Tensor, one_pass: bool) -> Laid:
+    """A chunk's valid tokens per row, layout, quality counts and valid tokens' old and rollout values (None: every
+    position is one): in one fused pass over float32 CPU positions (`one_pass`, engine/sweep.py), else by passes
+    on the positions' device."""
+    return _layout_in_one_pass(batch, positions, offsets) if one_pass else _layout_by_passes(batch, positions, offsets)
+
+
+def _layout_by_passes(batch: Batch, positions: Positions, offsets: torch.Tensor) -> Laid:
+    """Valid tokens per row, the layout, the quality counts and the valid tokens' old and rollout values (None:
+    every position is one), by passes over the positions on their device."""
+    old, rollout, mask = positions
+    if numpy_kernels(old.device):  # the same expressions, on numpy's faster CPU kernels
+        keep_np, flags_np = quality_flags(batch.old_log_probs, batch.rollout_log_probs, mask.numpy())
+        keep, flags = torch.from_numpy(keep_np), {c: torch.from_numpy(f) for c, f in flags_np.items()}
+    else:
+        keep, flags = quality_flags(old, rollout, mask)
+    row_positions = offsets[1:] - offsets[:-1]
+    lengths = segment_count(keep, row_positions)
+    layout = Layout.build(mask, offsets, keep, row_positions)
+    counted = [layout.num_valid, layout.num_runs, layout.max_rounds, count(mask),
+               *(count(flags[c]) for c in QUALITY_CATEGORIES)]
+    num_valid, num_runs, max_rounds, masked, *found = torch.stack(counted).tolist()  # the one host round trip
+    layout.resolve(num_valid, num_runs, max_rounds)
+    quality = {"positions": batch.num_positions, "masked_tokens": masked,
+               **dict(zip(QUALITY_CATEGORIES, found, strict=True))}
+    if num_valid == keep.numel():
+        return lengths, layout, quality, None
+    index = flag_indices(keep, num_valid)
+    layout.valid_positions = index  # where each valid token sits: placing a worst token on a device reads it
+    return lengths, layout, quality, (take(old, index), take(rollout, index))
+
+
+def _layout_in_one_pass(batch: Batch, positions: Positions, offsets: torch.Tensor) -> Laid:
+    """The same from the fused CPU pass over float32 positions (engine/sweep.py), runs and compaction included."""
+    old, rollout, mask = positions
+    found = sweep.layout(old.numpy(), rollout.numpy(), mask.numpy(), batch.offsets, SENTINEL_LOGPROB)
+    counts = found.counts
+    rounds_per_row = torch.from_numpy(found.rounds_per_row)
+    run_row, run_index = torch.from_numpy(found.run_row), torch.from_numpy(found.run_index)
+    runs = Runs(start=torch.from_numpy(found.run_start), row=run_row, index=run_index,
+                index_from_end=rounds_per_row[run_row] - 1 - run_index, valid_tokens=torch.from_numpy(found.run_tokens),
+                rounds_per_row=rounds_per_row, count=counts["num_runs"], max_per_row=counts["max_rounds"])
+    layout = Layout(offsets, torch.from_numpy(found.keep), torch.from_numpy(found.starts), rounds_per_row,
+                    counts["num_valid"], counts["num_runs"], counts["max_rounds"], found_runs=runs)
+    quality = {"positions": batch.num_positions, "masked_tokens": counts["masked_tokens"],
+               **{c: counts[c] for c in QUALITY_CATEGORIES}}
+    lengths = torch.from_numpy(found.lengths)
+    if counts["num_valid"] == batch.num_positions:
+        return lengths, layout, quality, None
+    layout.valid_positions = torch.from_numpy(found.valid_positions)
+    return lengths, layout, quality, (torch.from_numpy(found.old), torch.from_numpy(found.rollout))
+
+
+__all__ = ["Layout", "Runs", "find_runs", "lay_out"]

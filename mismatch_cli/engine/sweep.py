@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from mismatch_cli.engine.ops import numpy_kernels
+from mismatch_cli.engine.quality import QUALITY_CATEGORIES
 from mismatch_cli.engine.sketch import NUM_BUCKETS
 from mismatch_cli.engine.sweep_kernels import KERNELS, OCTAVE_SHIFT, OCTAVES, POSITION_BIN, SKETCH_SIZE
 
@@ -35,7 +36,7 @@ from mismatch_cli.engine.sweep_kernels import KERNELS, OCTAVE_SHIFT, OCTAVES, PO
 # inputs of this many bytes (~35M tokens of a float32 parquet dump); the decision is by input, never by chunk or
 # by what the process ran before, so one input always gives the same numbers.
 MIN_INPUT_BYTES = 1 << 28
-_VERSION = 9  # bump with any change to a kernel, so that the first run after an upgrade says it compiles
+_VERSION = 11  # bump with any change to a kernel, so that the first run after an upgrade says it compiles
 
 # The sums of old, rollout, the log-ratio, its magnitude, the safe ratio and its square are not here: the row-sum
 # kernel (SEGMENT_SUMS) takes them, and the accumulators read its totals (Chunk.total).
@@ -161,14 +162,20 @@ def token_sums(old: np.ndarray, rollout: np.ndarray, log_ratio: np.ndarray, abs_
 SEGMENT_SUMS = ("old", "rollout", "log_ratio", "abs_log_ratio", "ratio_safe", "ratio_safe_sq", "k3")
 
 
-def segment_sums(old: np.ndarray, rollout: np.ndarray, ratio_safe: np.ndarray, ratio_safe_sq: np.ndarray,
-                 k3: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """float64 [rows, SEGMENT_SUMS]: per row (`lengths` consecutive float32 tokens) the sums of old, rollout,
-    old - rollout, its magnitude, the safe ratio, its square and k3, in one pass."""
+DERIVED = ("abs_log_ratio", "ratio_safe", "ratio_safe_sq", "k3")
+
+
+def segment_sums(old: np.ndarray, rollout: np.ndarray, ratio: np.ndarray, low: float, high: float,
+                 lengths: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """float64 [segments, SEGMENT_SUMS] sums per segment (`lengths` consecutive float32 tokens) of old, rollout,
+    old - rollout, its magnitude, the ratio clamped to [low, high], its square and k3 = ratio - (old - rollout) - 1,
+    with those per-token float32 tensors (DERIVED) as torch computes them, in one pass."""
     kernels = _compiled()
     out = np.zeros((lengths.size, len(SEGMENT_SUMS)), dtype=np.float64)
-    kernels["segments"](old, rollout, ratio_safe, ratio_safe_sq, k3, lengths.astype(np.int64, copy=False), out)
-    return out
+    derived = {name: np.empty(old.size, dtype=np.float32) for name in DERIVED}
+    kernels["segments"](old, rollout, ratio, np.float32(low), np.float32(high), lengths.astype(np.int64, copy=False),
+                        *derived.values(), out)
+    return out, derived
 
 
 OPTION_SUMS = ("sum", "sum_c", "sum_c_sq", "count_high", "count_low", "rejected_tokens", "max", "min")
@@ -228,6 +235,47 @@ def round_sketches(abs_log_ratio: torch.Tensor, run_tokens: torch.Tensor, run_in
     return torch.from_numpy(from_start), torch.from_numpy(from_end)
 
 
+LAYOUT_COUNTS = ("num_valid", "num_runs", "max_rounds", "masked_tokens", *QUALITY_CATEGORIES)
+
+
+@dataclass(frozen=True)
+class FoundLayout:
+    """A chunk's valid tokens, quality counts (LAYOUT_COUNTS) and rounds, found in one pass over its positions."""
+
+    counts: dict[str, int]
+    keep: np.ndarray  # bool [P]: a valid token
+    starts: np.ndarray  # bool [P]: a run of 1s starts here
+    lengths: np.ndarray  # int64 [B]: valid tokens per row
+    rounds_per_row: np.ndarray  # int64 [B]
+    run_start: np.ndarray  # int64 [G]: each run's first position
+    run_row: np.ndarray  # int64 [G]
+    run_index: np.ndarray  # int64 [G]: the run's round within its row
+    run_tokens: np.ndarray  # int64 [G]: valid tokens in the run
+    old: np.ndarray  # float32 [N]: the valid tokens' values, in order
+    rollout: np.ndarray
+    valid_positions: np.ndarray  # int64 [N]: where each valid token sits
+
+
+def layout(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray, offsets: np.ndarray, sentinel: float) -> FoundLayout:
+    """make_chunk's quality flags, valid tokens per row, rounds and compaction of float32 positions, in one pass."""
+    kernels = _compiled()
+    positions, rows = mask.size, offsets.size - 1
+    keep, starts = np.empty(positions, dtype=bool), np.empty(positions, dtype=bool)
+    lengths, rounds = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64)
+    most_runs = (positions + 1) // 2 + rows  # never touched past the runs found, so never paid for
+    run_start, run_row, run_index, run_tokens = (np.empty(most_runs, dtype=np.int64) for _ in range(4))
+    old_out, rollout_out = np.empty(positions, dtype=np.float32), np.empty(positions, dtype=np.float32)
+    valid_positions = np.empty(positions, dtype=np.int64)
+    counts = np.zeros(len(LAYOUT_COUNTS), dtype=np.int64)
+    kernels["layout"](old, rollout, mask, offsets.astype(np.int64, copy=False), np.float32(sentinel), keep, starts,
+                      lengths, rounds, run_start, run_row, run_index, run_tokens, old_out, rollout_out,
+                      valid_positions, counts)
+    found = dict(zip(LAYOUT_COUNTS, counts.tolist(), strict=True))
+    runs, valid = found["num_runs"], found["num_valid"]
+    return FoundLayout(found, keep, starts, lengths, rounds, run_start[:runs], run_row[:runs], run_index[:runs],
+                       run_tokens[:runs], old_out[:valid], rollout_out[:valid], valid_positions[:valid])
+
+
 @cache
 def _thread() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="mismatch-sweep")
@@ -238,6 +286,6 @@ def start(*arguments: Any) -> Future[TokenSums]:
     return _thread().submit(token_sums, *arguments)
 
 
-__all__ = ["OCTAVES", "OCTAVE_SHIFT", "POSITION_BIN", "SEGMENT_SUMS", "SKETCH_SIZE", "SUMS", "OptionSums",
-           "TokenSums", "cache_dir", "forced", "is_weights", "option_sums", "round_sketches", "segment_sums", "start",
-           "token_sums", "wanted", "worth_it"]
+__all__ = ["DERIVED", "LAYOUT_COUNTS", "OCTAVES", "OCTAVE_SHIFT", "POSITION_BIN", "SEGMENT_SUMS", "SKETCH_SIZE", "SUMS",
+           "FoundLayout", "OptionSums", "TokenSums", "cache_dir", "forced", "is_weights", "layout", "option_sums",
+           "round_sketches", "segment_sums", "start", "token_sums", "wanted", "worth_it"]

@@ -7,6 +7,7 @@ reassociated); float32 differences, products and comparisons are taken as numpy 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -29,12 +30,16 @@ def _sweep_signature(types: Any) -> Any:
 
 def _segments_signature(types: Any) -> Any:
     f32 = types.Array(types.float32, 1, "C")
-    return types.void(f32, f32, f32, f32, f32, types.Array(types.int64, 1, "C"), types.Array(types.float64, 2, "C"))
+    return types.void(f32, f32, f32, types.float32, types.float32, types.Array(types.int64, 1, "C"), f32, f32, f32, f32,
+                      types.Array(types.float64, 2, "C"))
 
 
-def _segments(old, rollout, ratio, ratio_sq, k3, lengths, out) -> None:  # noqa: ANN001
-    # Each row's inner loop is a plain reduction that LLVM vectorizes (reassociated float64 sums of float32
-    # terms); old - rollout is taken in float32, as the chunk's log_ratio is.
+def _segments(old, rollout, ratio, low, high, lengths, abs_out, safe_out, sq_out, k3_out, out) -> None:  # noqa: ANN001
+    # The chunk's derived per-token tensors from old, rollout and torch's exp of their difference, each as torch
+    # gives it in float32 (Chunk.abs_log_ratio, ratio_safe, ratio_safe_sq, k3; a NaN stays NaN through the clamp),
+    # and their sums per segment. Each segment's inner loop is one that LLVM vectorizes (reassociated float64 sums
+    # of float32 terms).
+    one = np.float32(1.0)
     start = 0
     for row in range(lengths.shape[0]):
         end = start + lengths[row]
@@ -43,13 +48,23 @@ def _segments(old, rollout, ratio, ratio_sq, k3, lengths, out) -> None:  # noqa:
             o = old[t]
             r = rollout[t]
             d = o - r
+            a = abs(d)
+            e = ratio[t]
+            q = low if e < low else e
+            q = high if q > high else q
+            q2 = q * q
+            k = (e - d) - one
+            abs_out[t] = a
+            safe_out[t] = q
+            sq_out[t] = q2
+            k3_out[t] = k
             s_o += o
             s_r += r
             s_d += d
-            s_a += abs(d)
-            s_q += ratio[t]
-            s_q2 += ratio_sq[t]
-            s_k += k3[t]
+            s_a += a
+            s_q += q
+            s_q2 += q2
+            s_k += k
         out[row, 0] = s_o
         out[row, 1] = s_r
         out[row, 2] = s_d
@@ -261,7 +276,63 @@ def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp
         sums[i] = values[i]
 
 
+def _layout_signature(types: Any) -> Any:
+    vector = types.Array
+    f32, i64, flags = vector(types.float32, 1, "C"), vector(types.int64, 1, "C"), vector(types.boolean, 1, "C")
+    return types.void(f32, f32, flags, i64, types.float32, flags, flags, i64, i64, i64, i64, i64, i64, f32, f32, i64,
+                      i64)
+
+
+def _layout(old, rollout, mask, offsets, sentinel, keep, starts, lengths, rounds, run_start, run_row,  # noqa: ANN001, PLR0913
+            run_index, run_tokens, old_out, rollout_out, valid_positions, counts) -> None:
+    # make_chunk's data-quality flags (quality.quality_flags), the rows' valid tokens, the rounds
+    # (segments.Layout: runs of 1s in a row's mask) and the compaction of the valid tokens, in one pass over
+    # the positions. Comparisons are float32 against float32, as numpy's; a NaN compares False.
+    valid = runs = most = masked = nonfinite = sentinels = positive = one_side_zero = 0
+    for row in range(offsets.shape[0] - 1):
+        previous = False
+        row_valid = row_runs = 0
+        for p in range(offsets[row], offsets[row + 1]):
+            m = mask[p]
+            start = m and not previous
+            starts[p] = start
+            previous = m
+            kept = False
+            if start:
+                run_start[runs] = p
+                run_row[runs] = row
+                run_index[runs] = row_runs
+                run_tokens[runs] = 0
+                runs += 1
+                row_runs += 1
+            if m:
+                masked += 1
+                o = old[p]
+                r = rollout[p]
+                if not (math.isfinite(o) and math.isfinite(r)):
+                    nonfinite += 1
+                elif o <= sentinel or r <= sentinel:
+                    sentinels += 1
+                else:
+                    kept = True
+                    positive += (o > 0) | (r > 0)
+                    one_side_zero += (o == 0) != (r == 0)
+                    old_out[valid] = o
+                    rollout_out[valid] = r
+                    valid_positions[valid] = p
+                    valid += 1
+                    row_valid += 1
+                    run_tokens[runs - 1] += 1
+            keep[p] = kept
+        lengths[row] = row_valid
+        rounds[row] = row_runs
+        most = max(most, row_runs)
+    values = (valid, runs, most, masked, nonfinite, sentinels, positive, one_side_zero)
+    for i in range(len(values)):
+        counts[i] = values[i]
+
+
 # name -> (kernel, its numba signature from numba.types)
 KERNELS = {"sweep": (_sweep, _sweep_signature), "segments": (_segments, _segments_signature),
            "option": (_option, _option_signature), "weights": (_weights, _weights_signature),
-           "round_sketches": (_round_sketches, _round_sketches_signature)}
+           "round_sketches": (_round_sketches, _round_sketches_signature), "layout": (_layout, _layout_signature)}

@@ -177,7 +177,7 @@ def test_the_device_path_reads_the_host_only_where_planned(monkeypatch: pytest.M
                 analysis.update(batch)
             analysis.flush()
         device = analysis.finish()
-    planned = {"engine/chunk.py:make_chunk",  # the chunk's one combined count
+    planned = {"engine/segments.py:_layout_by_passes",  # the chunk's one combined count
                "engine/worst.py:_drain",  # the worst rows, copied without waiting and read a chunk later
                "engine/worst_token.py:resolve"}  # the worst tokens' candidates, once every 16 chunks
     assert sites <= planned, sites - planned

@@ -205,3 +205,75 @@ def test_a_nan_statistic_or_ratio_is_treated_as_torch_treats_it() -> None:
         raw = torch.from_numpy(nan)
         expected = raw.clamp(max=2.0) if lower is None else torch.where((raw >= lower) & (raw <= 2.0), raw, 0.0)
         assert torch.equal(weight.isnan(), expected.isnan()) and weight[1] == expected[1]
+
+
+def _chunk_fields(chunk) -> dict:  # noqa: ANN001
+    """Everything make_chunk hands the accumulators, as plain lists."""
+    layout, runs = chunk.layout, chunk.runs
+    fields = {"old": chunk.old, "rollout": chunk.rollout, "lengths": chunk.lengths, "keep": layout.keep,
+              "starts": layout.starts, "rounds_per_row": layout.rounds_per_row,
+              "valid_positions": layout.valid_positions, **{f"run_{k}": getattr(runs, k) for k in (
+                  "start", "row", "index", "index_from_end", "valid_tokens", "rounds_per_row")}}
+    out = {k: None if v is None else v.numpy().tobytes() + str(v.dtype).encode() for k, v in fields.items()}
+    out.update(quality=chunk.quality, counts=(int(layout.num_valid), int(layout.num_runs), int(layout.max_rounds),
+                                              runs.count, runs.max_per_row))
+    return out
+
+
+def edge_batch() -> Batch:
+    """Rows the dirty batches rarely hold: all masked, masked at either end, infinities and sentinels on either
+    side, a one-position row, and a row that is one valid token between masked ones."""
+    inf, nan = np.inf, np.nan
+    old = [-1, -2, -3, 0, -inf, -9500, -0.5, 0.25, -1, -1, -1, -1, nan, -2, -1, inf, -1]
+    rollout = [-1, -2, -3, -1, -1, -1, -9000, -0.25, -1, -1, -1, -1, -1, -2, -1, -1, -1]
+    mask = [0, 0, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 0, 1, 1, 0]
+    return Batch(old_log_probs=np.array(old, dtype=np.float32), rollout_log_probs=np.array(rollout, dtype=np.float32),
+                 response_mask=np.array(mask, dtype=bool), offsets=np.array([0, 3, 3, 8, 9, 13, 17]), source="edge")
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_the_fused_layout_is_make_chunks_numpy_passes(seed: int) -> None:
+    cpu = torch.device("cpu")
+    for batch in (dirty_batch(seed), dirty_batch(seed, turns=4), dirty_batch(seed, rows=3), edge_batch(),
+                  dirty_batch(seed).select_rows(np.zeros(90, dtype=bool))):
+        with sweep.forced(False):
+            reference = _chunk_fields(make_chunk(batch, cpu, torch.float32, fused=True))
+        with sweep.forced(True):
+            fused = make_chunk(batch, cpu, torch.float32, fused=True)
+        assert fused.layout.found_runs is not None  # the fused pass ran
+        assert _chunk_fields(fused) == reference
+
+
+def test_the_fused_layout_by_hand() -> None:
+    with sweep.forced(True):
+        chunk = make_chunk(edge_batch(), torch.device("cpu"), torch.float32, fused=True)
+    # Row 2 (positions 3-7): 0/-1 kept (one side zero), -inf out, -9500 and -9000 sentinels, 0.25 kept (positive);
+    # row 4 (9-12): two rounds, the second ending in a NaN; row 5 (13-16): one round of -1 and +inf.
+    assert chunk.quality == {"positions": 17, "masked_tokens": 10, "nonfinite_tokens": 3, "sentinel_tokens": 2,
+                             "positive_logprob_tokens": 1, "one_side_zero_tokens": 1}
+    assert chunk.lengths.tolist() == [0, 0, 2, 0, 2, 1]
+    assert chunk.old.tolist() == [0.0, 0.25, -1.0, -1.0, -1.0]
+    assert chunk.layout.valid_positions.tolist() == [3, 7, 9, 11, 14]
+    runs = chunk.runs
+    assert runs.start.tolist() == [3, 9, 11, 14] and runs.row.tolist() == [2, 4, 4, 5]
+    assert runs.index.tolist() == [0, 0, 1, 0] and runs.index_from_end.tolist() == [0, 1, 0, 0]
+    assert runs.valid_tokens.tolist() == [2, 1, 1, 1] and runs.max_per_row == 2
+
+
+def test_the_row_sum_kernel_derives_torchs_tensors_bit_for_bit() -> None:
+    batch = dirty_batch(8, turns=3)
+    batch.old_log_probs[::7] -= np.float32(40.0)  # exp(d) under exp(-20): the clamp's lower side
+    batch.rollout_log_probs[::11] -= np.float32(120.0)  # exp(d) past float32: inf, k3 inf, the clamp's upper side
+    cpu = torch.device("cpu")
+    reference = make_chunk(batch, cpu, torch.float32)
+    with sweep.forced(True):
+        chunk = make_chunk(batch, cpu, torch.float32, fused=True)
+        chunk.fuse_row_sums()
+    assert torch.isinf(reference.k3).any() and (reference.ratio_safe == reference.ratio_safe.min()).sum() > 1
+    for name in sweep.DERIVED:
+        assert getattr(reference, name).numpy().tobytes() == getattr(chunk, name).numpy().tobytes(), name
+    for name in ("old", "k3", "ratio_safe_sq", "abs_log_ratio"):  # float64 sums per row, against numpy's
+        values = getattr(reference, name).numpy().astype(np.float64)
+        ends = np.cumsum(reference.lengths.numpy())
+        want = np.array([values[e - n:e].sum() for e, n in zip(ends, reference.lengths.numpy(), strict=True)])
+        np.testing.assert_allclose(chunk.row_sum(getattr(chunk, name)).numpy(), want, rtol=1e-12, err_msg=name)

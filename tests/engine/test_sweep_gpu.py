@@ -13,7 +13,7 @@ from test_sweep import TABLES, dirty_batch
 
 from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine import sweep, sweep_gpu
-from mismatch_cli.engine.chunk import make_chunk
+from mismatch_cli.engine.chunk import _safe_ratio_bounds, make_chunk
 from mismatch_cli.engine.ops import torch_kernels_on_cpu
 from mismatch_cli.engine.runner import run
 from mismatch_cli.engine.signatures import FILL_LOG_RATIO, SLOPE_BINS, SLOPE_RANGE, TAIL_NATS
@@ -51,7 +51,9 @@ def test_gpu_sweep_sums_equal_the_cpu_sweeps(seed: int) -> None:
                                                        chunk.abs_log_ratio, chunk.ratio_safe, chunk.ratio_safe_sq)),
                                 chunk.lengths.numpy(), chunk.layout.keep.numpy(), chunk.offsets, FILL_LOG_RATIO,
                                 TAIL_NATS, SLOPE_BINS / SLOPE_RANGE, SLOPE_BINS)
-        want_rows = sweep.segment_sums(*(a.numpy() for a in arguments), chunk.k3.numpy(), chunk.lengths.numpy())
+        low, high = (float(b) for b in _safe_ratio_bounds(torch.float32, torch.device("cpu")))
+        want_rows, _ = sweep.segment_sums(chunk.old.numpy(), chunk.rollout.numpy(), chunk.ratio.numpy(), low, high,
+                                          chunk.lengths.numpy())
     with torch_kernels_on_cpu(), sweep_gpu.interpreted():
         got = sweep_gpu.token_sums(*arguments, chunk.lengths, FILL_LOG_RATIO, TAIL_NATS, SLOPE_BINS / SLOPE_RANGE,
                                    SLOPE_BINS)
