@@ -7,7 +7,6 @@ reassociated); float32 differences, products and comparisons are taken as numpy 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -286,47 +285,56 @@ def _layout_signature(types: Any) -> Any:
 def _layout(old, rollout, mask, offsets, sentinel, keep, starts, lengths, rounds, run_start, run_row,  # noqa: ANN001, PLR0913
             run_index, run_tokens, old_out, rollout_out, valid_positions, counts) -> None:
     # make_chunk's data-quality flags (quality.quality_flags), the rows' valid tokens, the rounds
-    # (segments.Layout: runs of 1s in a row's mask) and the compaction of the valid tokens, in one pass over
-    # the positions. Comparisons are float32 against float32, as numpy's; a NaN compares False.
-    valid = runs = most = masked = nonfinite = sentinels = positive = one_side_zero = 0
+    # (segments.Layout: runs of 1s in a row's mask) and the compaction of the valid tokens, as four simple loops
+    # over the positions (the first two vectorize; the compaction stores without a branch), which measured
+    # twice as fast as one loop with branches. Comparisons are float32 against float32, as numpy's; x - x == 0
+    # is False for an infinity and a NaN alone.
+    n = mask.shape[0]
+    masked = nonfinite = sentinels = positive = one_side_zero = 0
+    for p in range(n):
+        m = mask[p]
+        o = old[p]
+        r = rollout[p]
+        finite = (o - o == 0) & (r - r == 0)
+        fill = (o <= sentinel) | (r <= sentinel)
+        kept = m & finite & ~fill
+        keep[p] = kept
+        masked += m
+        nonfinite += m & ~finite
+        sentinels += m & finite & fill
+        positive += kept & ((o > 0) | (r > 0))
+        one_side_zero += kept & ((o == 0) != (r == 0))
+    for p in range(1, n):  # a run starts after a 0 (a row's first position is set below)
+        starts[p] = mask[p] & ~mask[p - 1]
+    valid = 0
+    for p in range(n):
+        old_out[valid] = old[p]
+        rollout_out[valid] = rollout[p]
+        valid_positions[valid] = p
+        valid += keep[p]
+    runs = most = valid = 0
     for row in range(offsets.shape[0] - 1):
-        previous = False
-        row_valid = row_runs = 0
-        for p in range(offsets[row], offsets[row + 1]):
-            m = mask[p]
-            start = m and not previous
-            starts[p] = start
-            previous = m
-            kept = False
-            if start:
+        begin = offsets[row]
+        end = offsets[row + 1]
+        if begin < end:
+            starts[begin] = mask[begin]  # a row's first position starts a run whatever precedes it
+        first_valid = valid
+        first_run = runs
+        for p in range(begin, end):
+            if starts[p]:
                 run_start[runs] = p
                 run_row[runs] = row
-                run_index[runs] = row_runs
-                run_tokens[runs] = 0
+                run_index[runs] = runs - first_run
+                run_tokens[runs] = valid  # the valid tokens before it, made a count below
                 runs += 1
-                row_runs += 1
-            if m:
-                masked += 1
-                o = old[p]
-                r = rollout[p]
-                if not (math.isfinite(o) and math.isfinite(r)):
-                    nonfinite += 1
-                elif o <= sentinel or r <= sentinel:
-                    sentinels += 1
-                else:
-                    kept = True
-                    positive += (o > 0) | (r > 0)
-                    one_side_zero += (o == 0) != (r == 0)
-                    old_out[valid] = o
-                    rollout_out[valid] = r
-                    valid_positions[valid] = p
-                    valid += 1
-                    row_valid += 1
-                    run_tokens[runs - 1] += 1
-            keep[p] = kept
-        lengths[row] = row_valid
-        rounds[row] = row_runs
-        most = max(most, row_runs)
+            valid += keep[p]
+        lengths[row] = valid - first_valid
+        rounds[row] = runs - first_run
+        most = max(most, runs - first_run)
+    for k in range(runs - 1):  # between a run's end and the next start every position is masked out
+        run_tokens[k] = run_tokens[k + 1] - run_tokens[k]
+    if runs:
+        run_tokens[runs - 1] = valid - run_tokens[runs - 1]
     values = (valid, runs, most, masked, nonfinite, sentinels, positive, one_side_zero)
     for i in range(len(values)):
         counts[i] = values[i]
