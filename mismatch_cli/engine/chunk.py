@@ -321,8 +321,9 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype, fused: bo
     lengths, layout, quality, compacted = lay_out(batch, positions, offsets, one_pass)
     if compacted is not None:
         old, rollout = compacted
-        assert layout.valid_positions is not None
-        advantages = None if advantages is None else take(advantages, layout.valid_positions)
+        if advantages is not None:
+            index = layout.valid_positions
+            advantages = take(advantages, flag_indices(layout.keep, old.numel()) if index is None else index)
     return Chunk(
         old=old.to(dtype),
         rollout=rollout.to(dtype),

@@ -45,7 +45,9 @@ class Layout:
     num_valid: torch.Tensor | int  # device counts until the chunk's combined count resolves them
     num_runs: torch.Tensor | int
     max_rounds: torch.Tensor | int
-    valid_positions: torch.Tensor | None = None  # [N_valid] each valid token's position (None: every one is valid)
+    # [N_valid] each valid token's position, which places a worst token on a device (None: every one is valid, or a
+    # CPU chunk laid out in one pass, whose worst tokens are placed from `keep`)
+    valid_positions: torch.Tensor | None = None
     found_runs: Runs | None = None  # the runs, when a fused pass found them with the rest (engine/sweep.py)
 
     @staticmethod
@@ -153,10 +155,9 @@ def _layout_in_one_pass(batch: Batch, positions: Positions, offsets: torch.Tenso
     quality = {"positions": batch.num_positions, "masked_tokens": counts["masked_tokens"],
                **{c: counts[c] for c in QUALITY_CATEGORIES}}
     lengths = torch.from_numpy(found.lengths)
-    if counts["num_valid"] == batch.num_positions:
-        return lengths, layout, quality, None
-    layout.valid_positions = torch.from_numpy(found.valid_positions)
-    return lengths, layout, quality, (torch.from_numpy(found.old), torch.from_numpy(found.rollout))
+    compacted = None if counts["num_valid"] == batch.num_positions else (torch.from_numpy(found.old),
+                                                                         torch.from_numpy(found.rollout))
+    return lengths, layout, quality, compacted
 
 
 __all__ = ["Layout", "Runs", "find_runs", "lay_out"]

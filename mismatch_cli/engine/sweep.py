@@ -36,7 +36,7 @@ from mismatch_cli.engine.sweep_kernels import KERNELS, OCTAVE_SHIFT, OCTAVES, PO
 # inputs of this many bytes (~35M tokens of a float32 parquet dump); the decision is by input, never by chunk or
 # by what the process ran before, so one input always gives the same numbers.
 MIN_INPUT_BYTES = 1 << 28
-_VERSION = 12  # bump with any change to a kernel, so that the first run after an upgrade says it compiles
+_VERSION = 13  # bump with any change to a kernel, so that the first run after an upgrade says it compiles
 
 # The sums of old, rollout, the log-ratio, its magnitude, the safe ratio and its square are not here: the row-sum
 # kernel (SEGMENT_SUMS) takes them, and the accumulators read its totals (Chunk.total).
@@ -253,7 +253,6 @@ class FoundLayout:
     run_tokens: np.ndarray  # int64 [G]: valid tokens in the run
     old: np.ndarray  # float32 [N]: the valid tokens' values, in order
     rollout: np.ndarray
-    valid_positions: np.ndarray  # int64 [N]: where each valid token sits
 
 
 def layout(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray, offsets: np.ndarray, sentinel: float) -> FoundLayout:
@@ -265,15 +264,14 @@ def layout(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray, offsets: np.n
     most_runs = (positions + 1) // 2 + rows  # never touched past the runs found, so never paid for
     run_start, run_row, run_index, run_tokens = (np.empty(most_runs, dtype=np.int64) for _ in range(4))
     old_out, rollout_out = np.empty(positions, dtype=np.float32), np.empty(positions, dtype=np.float32)
-    valid_positions = np.empty(positions, dtype=np.int64)
     counts = np.zeros(len(LAYOUT_COUNTS), dtype=np.int64)
     kernels["layout"](old, rollout, mask, offsets.astype(np.int64, copy=False), np.float32(sentinel), keep, starts,
                       lengths, rounds, run_start, run_row, run_index, run_tokens, old_out, rollout_out,
-                      valid_positions, counts)
+                      counts)
     found = dict(zip(LAYOUT_COUNTS, counts.tolist(), strict=True))
     runs, valid = found["num_runs"], found["num_valid"]
     return FoundLayout(found, keep, starts, lengths, rounds, run_start[:runs], run_row[:runs], run_index[:runs],
-                       run_tokens[:runs], old_out[:valid], rollout_out[:valid], valid_positions[:valid])
+                       run_tokens[:runs], old_out[:valid], rollout_out[:valid])
 
 
 @cache

@@ -278,12 +278,11 @@ def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp
 def _layout_signature(types: Any) -> Any:
     vector = types.Array
     f32, i64, flags = vector(types.float32, 1, "C"), vector(types.int64, 1, "C"), vector(types.boolean, 1, "C")
-    return types.void(f32, f32, flags, i64, types.float32, flags, flags, i64, i64, i64, i64, i64, i64, f32, f32, i64,
-                      i64)
+    return types.void(f32, f32, flags, i64, types.float32, flags, flags, i64, i64, i64, i64, i64, i64, f32, f32, i64)
 
 
 def _layout(old, rollout, mask, offsets, sentinel, keep, starts, lengths, rounds, run_start, run_row,  # noqa: ANN001, PLR0913
-            run_index, run_tokens, old_out, rollout_out, valid_positions, counts) -> None:
+            run_index, run_tokens, old_out, rollout_out, counts) -> None:
     # make_chunk's data-quality flags (quality.quality_flags), the rows' valid tokens, the rounds
     # (segments.Layout: runs of 1s in a row's mask) and the compaction of the valid tokens, as four simple loops
     # over the positions (the first two vectorize; the compaction stores without a branch), which measured
@@ -310,7 +309,6 @@ def _layout(old, rollout, mask, offsets, sentinel, keep, starts, lengths, rounds
     for p in range(n):
         old_out[valid] = old[p]
         rollout_out[valid] = rollout[p]
-        valid_positions[valid] = p
         valid += keep[p]
     runs = most = valid = 0
     for row in range(offsets.shape[0] - 1):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -210,9 +211,10 @@ def test_a_nan_statistic_or_ratio_is_treated_as_torch_treats_it() -> None:
 def _chunk_fields(chunk) -> dict:  # noqa: ANN001
     """Everything make_chunk hands the accumulators, as plain lists."""
     layout, runs = chunk.layout, chunk.runs
-    fields = {"old": chunk.old, "rollout": chunk.rollout, "lengths": chunk.lengths, "keep": layout.keep,
+    fields = {"old": chunk.old, "rollout": chunk.rollout, "advantages": chunk.advantages, "lengths": chunk.lengths,
+              "keep": layout.keep,
               "starts": layout.starts, "rounds_per_row": layout.rounds_per_row,
-              "valid_positions": layout.valid_positions, **{f"run_{k}": getattr(runs, k) for k in (
+              **{f"run_{k}": getattr(runs, k) for k in (
                   "start", "row", "index", "index_from_end", "valid_tokens", "rounds_per_row")}}
     out = {k: None if v is None else v.numpy().tobytes() + str(v.dtype).encode() for k, v in fields.items()}
     out.update(quality=chunk.quality, counts=(int(layout.num_valid), int(layout.num_runs), int(layout.max_rounds),
@@ -234,7 +236,9 @@ def edge_batch() -> Batch:
 @pytest.mark.parametrize("seed", [5, 6])
 def test_the_fused_layout_is_make_chunks_numpy_passes(seed: int) -> None:
     cpu = torch.device("cpu")
-    for batch in (dirty_batch(seed), dirty_batch(seed, turns=4), dirty_batch(seed, rows=3), edge_batch(),
+    advantaged = dirty_batch(seed, turns=2)
+    advantaged = dataclasses.replace(advantaged, advantages=np.arange(advantaged.num_positions, dtype=np.float32))
+    for batch in (dirty_batch(seed), dirty_batch(seed, turns=4), dirty_batch(seed, rows=3), edge_batch(), advantaged,
                   dirty_batch(seed).select_rows(np.zeros(90, dtype=bool))):
         with sweep.forced(False):
             reference = _chunk_fields(make_chunk(batch, cpu, torch.float32, fused=True))
@@ -253,7 +257,7 @@ def test_the_fused_layout_by_hand() -> None:
                              "positive_logprob_tokens": 1, "one_side_zero_tokens": 1}
     assert chunk.lengths.tolist() == [0, 0, 2, 0, 2, 1]
     assert chunk.old.tolist() == [0.0, 0.25, -1.0, -1.0, -1.0]
-    assert chunk.layout.valid_positions.tolist() == [3, 7, 9, 11, 14]
+    assert np.flatnonzero(chunk.layout.keep.numpy()).tolist() == [3, 7, 9, 11, 14]
     runs = chunk.runs
     assert runs.start.tolist() == [3, 9, 11, 14] and runs.row.tolist() == [2, 4, 4, 5]
     assert runs.index.tolist() == [0, 0, 1, 0] and runs.index_from_end.tolist() == [0, 1, 0, 0]
