@@ -123,6 +123,16 @@ class RoundsAccumulator(Accumulator):
         run_tokens_f = run_tokens.to(F64)
         run_row = runs.row
 
+        size = runs.max_per_row
+        sketches = None
+        if 1 < size <= DENSE_GROUPS and sweep.wanted(chunk.abs_log_ratio, chunk.fused):
+            # Both tables' per-round sketches and the catastrophic tokens in one pass (engine/sweep.py), without
+            # per-token round indices.
+            sketches = sweep.round_sketches(chunk.abs_log_ratio, runs.valid_tokens, runs.index, runs.index_from_end,
+                                            size, CATASTROPHIC_LOG_RATIO)
+            catastrophic = sketches[2].to(F64)
+        else:
+            catastrophic = count_in_segments(chunk.abs_log_ratio > CATASTROPHIC_LOG_RATIO, run_tokens)
         run_sum = chunk.run_sum  # shared and cached (the fused CPU sweep takes several at once)
         log_ratio_sum = run_sum(chunk.log_ratio)
         columns = [
@@ -132,7 +142,7 @@ class RoundsAccumulator(Accumulator):
             run_sum(chunk.k3),
             run_sum(chunk.ratio_safe_sq),
             run_sum(chunk.ratio_safe),
-            count_in_segments(chunk.abs_log_ratio > CATASTROPHIC_LOG_RATIO, run_tokens),
+            catastrophic,
         ]
         zeros = torch.zeros_like(run_tokens_f)
         if decisions.is_token_weight is not None:
@@ -150,15 +160,13 @@ class RoundsAccumulator(Accumulator):
         else:
             columns.append(zeros)
         table = torch.stack(columns, dim=1)
-        size, tokens = runs.max_per_row, chunk.num_tokens
+        tokens = chunk.num_tokens
         if size == 1:  # single-turn: every token is round 0 from both ends
             counts = bincount(LogSketch.buckets(chunk.abs_log_ratio), NUM_BUCKETS)
             self.from_start.add(runs.index, table, None, None, 1, counts)
             self.from_end.add(runs.index_from_end, table, None, None, 1, counts)
-        elif size <= DENSE_GROUPS and sweep.wanted(chunk.abs_log_ratio, chunk.fused):
-            # Both tables' per-round sketches in one pass (engine/sweep.py), without per-token round indices.
-            from_start, from_end = sweep.round_sketches(chunk.abs_log_ratio, runs.valid_tokens, runs.index,
-                                                        runs.index_from_end, size)
+        elif sketches is not None:
+            from_start, from_end, _ = sketches
             self.from_start.add(runs.index, table, None, None, size, from_start)
             self.from_end.add(runs.index_from_end, table, None, None, size, from_end)
         else:

@@ -36,7 +36,7 @@ from mismatch_cli.engine.sweep_kernels import KERNELS, OCTAVE_SHIFT, OCTAVES, PO
 # inputs of this many bytes (~35M tokens of a float32 parquet dump); the decision is by input, never by chunk or
 # by what the process ran before, so one input always gives the same numbers.
 MIN_INPUT_BYTES = 1 << 28
-_VERSION = 13  # bump with any change to a kernel, so that the first run after an upgrade says it compiles
+_VERSION = 15  # bump with any change to a kernel, so that the first run after an upgrade says it compiles
 
 # The sums of old, rollout, the log-ratio, its magnitude, the safe ratio and its square are not here: the row-sum
 # kernel (SEGMENT_SUMS) takes them, and the accumulators read its totals (Chunk.total).
@@ -225,14 +225,18 @@ def is_weights(raw: torch.Tensor, lengths: torch.Tensor, upper: float, lower: fl
 
 
 def round_sketches(abs_log_ratio: torch.Tensor, run_tokens: torch.Tensor, run_index: torch.Tensor,
-                   run_index_from_end: torch.Tensor, rounds: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """int64 [rounds, NUM_BUCKETS] sketch counts of |delta| per round from the start and from the end, one pass."""
+                   run_index_from_end: torch.Tensor, rounds: int, above: float,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """int64 [rounds, NUM_BUCKETS] sketch counts of |delta| per round from the start and from the end, and each
+    run's tokens with |delta| above the float32 `above` (int64 [runs]), in one pass."""
     kernels = _compiled()
     from_start = np.zeros((rounds, NUM_BUCKETS), dtype=np.int64)
     from_end = np.zeros((rounds, NUM_BUCKETS), dtype=np.int64)
+    over = np.empty(run_tokens.numel(), dtype=np.int64)
     kernels["round_sketches"](abs_log_ratio.numpy().view(np.int32), run_tokens.numpy().astype(np.int64, copy=False),
-                              run_index.numpy(), run_index_from_end.numpy(), from_start, from_end)
-    return torch.from_numpy(from_start), torch.from_numpy(from_end)
+                              run_index.numpy(), run_index_from_end.numpy(),
+                              np.array([above], dtype=np.float32).view(np.int32)[0], from_start, from_end, over)
+    return torch.from_numpy(from_start), torch.from_numpy(from_end), torch.from_numpy(over)
 
 
 LAYOUT_COUNTS = ("num_valid", "num_runs", "max_rounds", "masked_tokens", *QUALITY_CATEGORIES)
@@ -274,6 +278,17 @@ def layout(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray, offsets: np.n
                        run_tokens[:runs], old_out[:valid], rollout_out[:valid])
 
 
+def candidates(abs_log_ratio: torch.Tensor, ratio_safe: torch.Tensor, bound: float,
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The float32 tokens with |delta| above `bound` (int64 indices), and the float64 sums of the others' safe ratios
+    and of their float32 squares (0-d tensors), in one pass."""
+    kernels = _compiled()
+    index = np.empty(abs_log_ratio.numel(), dtype=np.int64)  # pages past the candidates are never touched
+    rest = np.zeros(2, dtype=np.float64)
+    found = kernels["candidates"](abs_log_ratio.numpy(), ratio_safe.numpy(), np.float32(bound), index, rest)
+    return torch.from_numpy(index[:found]), torch.tensor(rest[0]), torch.tensor(rest[1])
+
+
 @cache
 def _thread() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="mismatch-sweep")
@@ -284,6 +299,6 @@ def start(*arguments: Any) -> Future[TokenSums]:
     return _thread().submit(token_sums, *arguments)
 
 
-__all__ = ["DERIVED", "LAYOUT_COUNTS", "OCTAVES", "OCTAVE_SHIFT", "POSITION_BIN", "SEGMENT_SUMS", "SKETCH_SIZE", "SUMS",
-           "FoundLayout", "OptionSums", "TokenSums", "cache_dir", "forced", "is_weights", "layout", "option_sums",
-           "round_sketches", "segment_sums", "start", "token_sums", "wanted", "worth_it"]
+__all__ = ["DERIVED", "LAYOUT_COUNTS", "OCTAVES", "OCTAVE_SHIFT", "POSITION_BIN", "SEGMENT_SUMS", "SKETCH_SIZE",
+           "SUMS", "FoundLayout", "OptionSums", "TokenSums", "cache_dir", "candidates", "forced", "is_weights",
+           "layout", "option_sums", "round_sketches", "segment_sums", "start", "token_sums", "wanted", "worth_it"]

@@ -166,21 +166,27 @@ def _weights(raw, lengths, upper, lower, metric_lower, icepop, weight, row_sums,
 
 def _round_sketches_signature(types: Any) -> Any:
     i64, counts = types.Array(types.int64, 1, "C"), types.Array(types.int64, 2, "C")
-    return types.void(types.Array(types.int32, 1, "C"), i64, i64, i64, counts, counts)
+    return types.void(types.Array(types.int32, 1, "C"), i64, i64, i64, types.int32, counts, counts, i64)
 
 
-def _round_sketches(bits, run_tokens, run_index, run_index_from_end, from_start, from_end) -> None:  # noqa: ANN001
+def _round_sketches(bits, run_tokens, run_index, run_index_from_end, over_bits, from_start, from_end,  # noqa: ANN001
+                    over) -> None:
     # The rounds' sketches of |delta| from either end of the row: the bucket is the top bits of the float32
-    # pattern (sketch.LogSketch.buckets); runs are contiguous in the valid tokens, in order.
+    # pattern (sketch.LogSketch.buckets); runs are contiguous in the valid tokens, in order. `over` counts each
+    # run's tokens above the float32 whose pattern is `over_bits` (patterns order as values: |delta| >= 0).
     t = 0
     for run in range(run_tokens.shape[0]):
         first = run_index[run]
         last = run_index_from_end[run]
+        above = 0
         for _ in range(run_tokens[run]):
-            bucket = bits[t] >> SHIFT
+            b = bits[t]
+            bucket = b >> SHIFT
             from_start[first, bucket] += 1
             from_end[last, bucket] += 1
+            above += b > over_bits
             t += 1
+        over[run] = above
 
 
 def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp_rollout, continues, keep,  # noqa: ANN001, PLR0913, PLR0915
@@ -338,7 +344,32 @@ def _layout(old, rollout, mask, offsets, sentinel, keep, starts, lengths, rounds
         counts[i] = values[i]
 
 
+def _candidates_signature(types: Any) -> Any:
+    f32 = types.Array(types.float32, 1, "C")
+    return types.int64(f32, f32, types.float32, types.Array(types.int64, 1, "C"), types.Array(types.float64, 1, "C"))
+
+
+def _candidates(abs_log_ratio, ratio, bound, index, rest) -> int:  # noqa: ANN001
+    # The what-if ladder's candidate tokens (|delta| above `bound`, float32 against float32 as torch's gt) and the
+    # float64 sums of the other tokens' safe ratios and of their float32 squares: a vectorized loop for the
+    # sums, then the compaction's branch-free stores. Returns how many candidates.
+    zero = np.float32(0.0)
+    s = s2 = 0.0
+    for t in range(abs_log_ratio.shape[0]):
+        w = zero if abs_log_ratio[t] > bound else ratio[t]
+        s += w
+        s2 += w * w
+    k = 0
+    for t in range(abs_log_ratio.shape[0]):
+        index[k] = t
+        k += abs_log_ratio[t] > bound
+    rest[0] = s
+    rest[1] = s2
+    return k
+
+
 # name -> (kernel, its numba signature from numba.types)
 KERNELS = {"sweep": (_sweep, _sweep_signature), "segments": (_segments, _segments_signature),
            "option": (_option, _option_signature), "weights": (_weights, _weights_signature),
-           "round_sketches": (_round_sketches, _round_sketches_signature), "layout": (_layout, _layout_signature)}
+           "round_sketches": (_round_sketches, _round_sketches_signature), "layout": (_layout, _layout_signature),
+           "candidates": (_candidates, _candidates_signature)}

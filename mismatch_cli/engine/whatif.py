@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from mismatch_cli.correction import SAFETY_BOUND, RsOption
+from mismatch_cli.engine import sweep
 from mismatch_cli.engine.chunk import Chunk
 from mismatch_cli.engine.formulas import ess
 from mismatch_cli.engine.ops import numpy_kernels, scratch, total
@@ -82,6 +83,25 @@ def _float32_log(value: float) -> float:
     return float(torch.log(torch.tensor(value, dtype=torch.float32)).item())
 
 
+
+def _rest_weights(chunk: Chunk, is_candidate: torch.Tensor, by_difference_r: torch.Tensor,
+                  by_difference_r_sq: torch.Tensor, huge: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 sums of the non-candidate tokens' safe ratios and their squares: total - candidates (the same float
+    values on both sides), unless a huge candidate weight (up to e^20) would swamp the small ones' squares; then
+    they are summed directly (on a device both ways, then picked, without a host round trip)."""
+    device = chunk.old.device
+
+    def direct() -> tuple[torch.Tensor, torch.Tensor]:
+        rest = scratch("x", chunk.num_tokens, chunk.old.dtype, device).copy_(chunk.ratio_safe)
+        rest.masked_fill_(is_candidate, 0.0)
+        # In float64: a float32 sum would depend on the chunking.
+        return total(rest).to(device), total(rest.square_()).to(device)
+
+    if numpy_kernels(device):
+        return direct() if bool(huge) else (by_difference_r, by_difference_r_sq)
+    direct_r, direct_r_sq = direct()
+    return torch.where(huge, direct_r, by_difference_r), torch.where(huge, direct_r_sq, by_difference_r_sq)
+
 class WhatIfAccumulator(Accumulator):
     """Truncated / masked token and sequence counts and weight sums for every ladder setting."""
 
@@ -137,10 +157,15 @@ class WhatIfAccumulator(Accumulator):
         # Candidate tokens: the only ones a token-level rule can act on. On the CPU they are picked out; on a
         # device every token stays, the others weighted 0 (a padded gather costs as much as the tokens, and
         # the padding's scatter into one row serialized on a GPU's atomics).
-        is_candidate = torch.gt(chunk.abs_log_ratio, self.candidate_bound, out=scratch("flag", n, torch.bool, device))
         on_host = numpy_kernels(device)
+        one_pass = on_host and sweep.wanted(chunk.abs_log_ratio, chunk.fused)
+        if one_pass:  # the candidates and the others' weight sums in one pass (engine/sweep.py)
+            index, rest_r, rest_r_sq = sweep.candidates(chunk.abs_log_ratio, chunk.ratio_safe, self.candidate_bound)
+        else:
+            is_candidate = torch.gt(chunk.abs_log_ratio, self.candidate_bound,
+                                    out=scratch("flag", n, torch.bool, device))
+            index = torch.from_numpy(np.flatnonzero(is_candidate.numpy())) if on_host else None
         if on_host:
-            index = torch.from_numpy(np.flatnonzero(is_candidate.numpy()))
             log_ratio_c, ratio_c, ratio_sq_c = (chunk.log_ratio[index], chunk.ratio_safe[index],
                                                 chunk.ratio_safe_sq[index].to(F64))
             real = torch.ones_like(index, dtype=torch.bool)
@@ -150,22 +175,9 @@ class WhatIfAccumulator(Accumulator):
             ratio_sq_c = chunk.ratio_safe_sq.to(F64) * real
         real64 = real.to(F64)
         ratio_c64 = (ratio_c.to(F64) * real64)[:, None]
-        # Weight sums of the other tokens: total - candidates (the same float values on both sides), unless a
-        # huge candidate weight (up to e^20) would swamp the small ones' squares; then they are summed directly.
-        rest_r, rest_r_sq = row_r.sum() - ratio_c64.sum(), row_r_sq.sum() - ratio_sq_c.sum()
-        huge = ratio_sq_c.sum() > 1e4 * tokens
-
-        def direct() -> tuple[torch.Tensor, torch.Tensor]:
-            rest = scratch("x", n, chunk.old.dtype, device).copy_(chunk.ratio_safe).masked_fill_(is_candidate, 0.0)
-            # In float64: a float32 sum would depend on the chunking.
-            return total(rest).to(device), total(rest.square_()).to(device)
-
-        if on_host:
-            if bool(huge):
-                rest_r, rest_r_sq = direct()
-        else:  # no host round trip: both ways, then pick
-            direct_r, direct_r_sq = direct()
-            rest_r, rest_r_sq = torch.where(huge, direct_r, rest_r), torch.where(huge, direct_r_sq, rest_r_sq)
+        if not one_pass:
+            rest_r, rest_r_sq = _rest_weights(chunk, is_candidate, row_r.sum() - ratio_c64.sum(),
+                                              row_r_sq.sum() - ratio_sq_c.sum(), ratio_sq_c.sum() > 1e4 * tokens)
 
         def rows_hit(flags: torch.Tensor) -> torch.Tensor:
             """[B, J] bool: the row holds at least one flagged candidate, per setting (the CPU's candidates)."""

@@ -281,3 +281,18 @@ def test_the_row_sum_kernel_derives_torchs_tensors_bit_for_bit() -> None:
         ends = np.cumsum(reference.lengths.numpy())
         want = np.array([values[e - n:e].sum() for e, n in zip(ends, reference.lengths.numpy(), strict=True)])
         np.testing.assert_allclose(chunk.row_sum(getattr(chunk, name)).numpy(), want, rtol=1e-12, err_msg=name)
+
+
+def test_the_what_if_candidates_in_one_pass_match_float64_by_hand() -> None:
+    rng = np.random.default_rng(3)
+    abs_log_ratio = np.abs(rng.normal(0, 0.3, 5000)).astype(np.float32)
+    abs_log_ratio[17] = np.float32(0.25)  # on the bound: not above it, as torch's float32 gt has it
+    ratio = np.exp(abs_log_ratio).astype(np.float32)
+    ratio[abs_log_ratio > 0.6] = np.float32(4e8)  # huge candidate weights: the others are summed directly
+    with sweep.forced(True):
+        index, rest, rest_sq = sweep.candidates(torch.from_numpy(abs_log_ratio), torch.from_numpy(ratio), 0.25)
+    above = abs_log_ratio > np.float32(0.25)
+    assert index.tolist() == np.flatnonzero(above).tolist() and 17 not in index.tolist()
+    others = ratio[~above].astype(np.float64)
+    assert rest.item() == pytest.approx(others.sum(), rel=1e-13)
+    assert rest_sq.item() == pytest.approx((ratio[~above] * ratio[~above]).astype(np.float64).sum(), rel=1e-13)
