@@ -1,15 +1,17 @@
 """The fused CPU sweep: numba kernels that take in one pass what many numpy passes over a chunk took.
 
-`token_sums` takes every per-token sum, count and histogram the diagnostics and the signatures need, on its
-own thread (`start`; the kernels release the GIL) while the other accumulators fold the chunk.
-`segment_sums` takes the row sums and totals most accumulators share. numba is imported only for inputs
-that repay its start-up (`worth_it`), and the kernels are compiled once into the user's cache folder, so
-`--help`, small dumps and the readers never import it. The numpy passes stay the reference and the path
-everywhere else (a GPU, float64, numba missing, small inputs). Counts, sketches and histograms are
-identical to theirs; float sums are float64 sums in another order (vectorized), equal to float64 rounding.
-float32 only: differences, products and comparisons are taken in float32, as numpy and torch take them.
+`layout` lays a chunk out (quality flags, valid tokens, rounds, compaction). `token_sums` takes every
+per-token sum, count and histogram the diagnostics and the signatures need, on its own thread (`start`;
+the kernels release the GIL) while the other accumulators fold the chunk. `segment_sums` takes the row
+sums and totals most accumulators share, with the derived per-token tensors. `option_sums`, `is_weights`,
+`round_sketches` and `candidates` serve RS, IS, the rounds and the what-if ladder. numba is imported only
+for inputs that repay its start-up (`worth_it`), and each kernel is compiled the first time a run needs
+it, once, into the user's cache folder, so `--help`, small dumps and the readers never import it. The
+numpy passes stay the reference and the path everywhere else (a GPU, float64, numba missing, small
+inputs). Counts, sketches and histograms are identical to theirs; float sums are float64 sums in another
+order (vectorized), equal to float64 rounding. float32 only: differences, products and comparisons are
+taken in float32, as numpy and torch take them.
 """
-
 from __future__ import annotations
 
 import logging
@@ -67,43 +69,48 @@ def forced(on: bool) -> Iterator[None]:
 
 
 @cache
-def _kernels() -> dict[str, Any] | None:
-    """The compiled kernels (from the disk cache after the first run), or None where numba is missing or off."""
+def _numba() -> Any | None:
+    """numba, imported with its disk cache in ours, or None where it is missing or MISMATCH_FUSED=0."""
     if os.environ.get("MISMATCH_FUSED", "1") == "0":
         return None
-    folder = cache_dir()
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        os.environ.setdefault("NUMBA_CACHE_DIR", str(folder))
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("NUMBA_CACHE_DIR", str(cache_dir()))
         import numba
     except (ImportError, OSError):
         return None
-    marker = folder / f"sweep-{numba.__version__}-{_VERSION}"
-    if not marker.exists():  # without a handler, logging's last resort prints this line on stderr
-        logging.getLogger(__name__).warning(f"mismatch: compiling the fused CPU sweep once (cached in {folder})")
+    return numba
+
+
+def available() -> bool:
+    """Whether the fused kernels can run here (numba is installed and not switched off)."""
+    return _numba() is not None
+
+
+@cache
+def _compiled(name: str) -> Any:
+    """One kernel, compiled the first time a caller that `wanted` sent here needs it (later runs: from the disk
+    cache), so that a run compiles and loads only the kernels its configuration uses."""
+    numba = _numba()
+    assert numba is not None
+    marker = cache_dir() / f"{name}-{numba.__version__}-{_VERSION}"
+    if not marker.exists():
+        _say_compiling()
+    function, signature = KERNELS[name]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an unwritable cache folder: compile in memory, every run
-        options = {"cache": True, "nogil": True, "fastmath": {"reassoc"}}
-        kernels = {name: numba.njit(signature(numba.types), **options)(function)
-                   for name, (function, signature) in KERNELS.items()}
+        kernel = numba.njit(signature(numba.types), cache=True, nogil=True, fastmath={"reassoc"})(function)
     try:
         marker.touch()
     except OSError:
         pass
-    return kernels
+    return kernel
 
 
-def _compiled() -> dict[str, Any]:
-    """The compiled kernels, for a caller that `wanted` sent here (numba is there)."""
-    kernels = _kernels()
-    assert kernels is not None
-    return kernels
-
-
-def _kernel() -> Any:
-    """The compiled sweep, or None."""
-    kernels = _kernels()
-    return None if kernels is None else kernels["sweep"]
+@cache
+def _say_compiling() -> None:
+    """One line on stderr, once a process (without a handler, logging's last resort prints it; -q silences it)."""
+    logging.getLogger(__name__).warning(f"mismatch: compiling the fused CPU sweep once (cached in {cache_dir()})")
 
 
 def worth_it(input_bytes: int) -> bool:
@@ -114,7 +121,7 @@ def worth_it(input_bytes: int) -> bool:
 def wanted(values: torch.Tensor, asked: bool) -> bool:
     """Whether a chunk's token sums come from the sweep: float32 on numpy's CPU path, when `asked` (or forced)."""
     use = asked if _FORCED[0] is None else _FORCED[0]
-    return use and values.dtype == torch.float32 and numpy_kernels(values) and _kernel() is not None
+    return use and values.dtype == torch.float32 and numpy_kernels(values) and available()
 
 
 @dataclass
@@ -134,8 +141,8 @@ def token_sums(old: np.ndarray, rollout: np.ndarray, log_ratio: np.ndarray, abs_
                fill_log_ratio: float, tail: float, slope_scale: float, slope_bins: int) -> TokenSums:
     """Every sum of TokenSums in one sweep of the chunk (float32 valid tokens, `lengths` of them per row; `keep`
     flags the valid positions, `offsets` the rows' position offsets)."""
-    kernel = _kernel()
-    assert kernel is not None and old.dtype == np.float32
+    kernel = _compiled("sweep")
+    assert old.dtype == np.float32
     with np.errstate(over="ignore"):  # numpy's SIMD exp, several times numba's scalar one; inf past float32
         exp_abs, exp_old, exp_rollout = np.exp(abs_log_ratio), np.exp(old), np.exp(rollout)
     widths = offsets[1:] - offsets[:-1]
@@ -170,11 +177,11 @@ def segment_sums(old: np.ndarray, rollout: np.ndarray, ratio: np.ndarray, low: f
     """float64 [segments, SEGMENT_SUMS] sums per segment (`lengths` consecutive float32 tokens) of old, rollout,
     old - rollout, its magnitude, the ratio clamped to [low, high], its square and k3 = ratio - (old - rollout) - 1,
     with those per-token float32 tensors (DERIVED) as torch computes them, in one pass."""
-    kernels = _compiled()
     out = np.zeros((lengths.size, len(SEGMENT_SUMS)), dtype=np.float64)
     derived = {name: np.empty(old.size, dtype=np.float32) for name in DERIVED}
-    kernels["segments"](old, rollout, ratio, np.float32(low), np.float32(high), lengths.astype(np.int64, copy=False),
-                        *derived.values(), out)
+    kernel = _compiled("segments")
+    kernel(old, rollout, ratio, np.float32(low), np.float32(high), lengths.astype(np.int64, copy=False),
+           *derived.values(), out)
     return out, derived
 
 
@@ -196,13 +203,13 @@ def option_sums(stat: torch.Tensor, lengths: torch.Tensor, low: float, high: flo
 
     A token is rejected above `high` (and below `low` when `two_sided`); the clamp is to [low, high].
     """
-    kernels = _compiled()
     rows = lengths.numel()
     row_sums, row_rejects = np.zeros(rows, dtype=np.float64), np.zeros(rows, dtype=np.int64)
     reject = np.empty(stat.numel(), dtype=bool)
     sums = np.zeros(len(OPTION_SUMS), dtype=np.float64)
-    kernels["option"](stat.numpy(), lengths.numpy().astype(np.int64, copy=False), np.float32(low), np.float32(high),
-                      two_sided, reject, row_sums, row_rejects, sums)
+    kernel = _compiled("option")
+    kernel(stat.numpy(), lengths.numpy().astype(np.int64, copy=False), np.float32(low), np.float32(high), two_sided,
+           reject, row_sums, row_rejects, sums)
     return OptionSums(sums=dict(zip(OPTION_SUMS, sums.tolist(), strict=True)), row_sums=torch.from_numpy(row_sums),
                       row_rejects=torch.from_numpy(row_rejects), reject=torch.from_numpy(reject))
 
@@ -214,13 +221,13 @@ def is_weights(raw: torch.Tensor, lengths: torch.Tensor, upper: float, lower: fl
                ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Token-level IS in one pass over the float32 raw ratios: the applied weights (TIS clamps at `upper`; with
     `lower`, IcePop zeroes those outside [lower, upper]), their float64 per-row sums and their totals (WEIGHT_SUMS)."""
-    kernels = _compiled()
     weight = np.empty(raw.numel(), dtype=np.float32)
     row_sums = np.zeros(lengths.numel(), dtype=np.float64)
     sums = np.zeros(len(WEIGHT_SUMS), dtype=np.float64)
-    kernels["weights"](raw.numpy(), lengths.numpy().astype(np.int64, copy=False), np.float32(upper),
-                       np.float32(-np.inf if lower is None else lower), np.float32(metric_lower), lower is not None,
-                       weight, row_sums, sums)
+    kernel = _compiled("weights")
+    kernel(raw.numpy(), lengths.numpy().astype(np.int64, copy=False), np.float32(upper),
+           np.float32(-np.inf if lower is None else lower), np.float32(metric_lower), lower is not None, weight,
+           row_sums, sums)
     return torch.from_numpy(weight), torch.from_numpy(row_sums), dict(zip(WEIGHT_SUMS, sums.tolist(), strict=True))
 
 
@@ -229,13 +236,13 @@ def round_sketches(abs_log_ratio: torch.Tensor, run_tokens: torch.Tensor, run_in
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """int64 [rounds, NUM_BUCKETS] sketch counts of |delta| per round from the start and from the end, and each
     run's tokens with |delta| above the float32 `above` (int64 [runs]), in one pass."""
-    kernels = _compiled()
     from_start = np.zeros((rounds, NUM_BUCKETS), dtype=np.int64)
     from_end = np.zeros((rounds, NUM_BUCKETS), dtype=np.int64)
     over = np.empty(run_tokens.numel(), dtype=np.int64)
-    kernels["round_sketches"](abs_log_ratio.numpy().view(np.int32), run_tokens.numpy().astype(np.int64, copy=False),
-                              run_index.numpy(), run_index_from_end.numpy(),
-                              np.array([above], dtype=np.float32).view(np.int32)[0], from_start, from_end, over)
+    kernel = _compiled("round_sketches")
+    kernel(abs_log_ratio.numpy().view(np.int32), run_tokens.numpy().astype(np.int64, copy=False), run_index.numpy(),
+           run_index_from_end.numpy(), np.array([above], dtype=np.float32).view(np.int32)[0], from_start, from_end,
+           over)
     return torch.from_numpy(from_start), torch.from_numpy(from_end), torch.from_numpy(over)
 
 
@@ -261,7 +268,6 @@ class FoundLayout:
 
 def layout(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray, offsets: np.ndarray, sentinel: float) -> FoundLayout:
     """make_chunk's quality flags, valid tokens per row, rounds and compaction of float32 positions, in one pass."""
-    kernels = _compiled()
     positions, rows = mask.size, offsets.size - 1
     keep, starts = np.empty(positions, dtype=bool), np.empty(positions, dtype=bool)
     lengths, rounds = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64)
@@ -269,9 +275,9 @@ def layout(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray, offsets: np.n
     run_start, run_row, run_index, run_tokens = (np.empty(most_runs, dtype=np.int64) for _ in range(4))
     old_out, rollout_out = np.empty(positions, dtype=np.float32), np.empty(positions, dtype=np.float32)
     counts = np.zeros(len(LAYOUT_COUNTS), dtype=np.int64)
-    kernels["layout"](old, rollout, mask, offsets.astype(np.int64, copy=False), np.float32(sentinel), keep, starts,
-                      lengths, rounds, run_start, run_row, run_index, run_tokens, old_out, rollout_out,
-                      counts)
+    kernel = _compiled("layout")
+    kernel(old, rollout, mask, offsets.astype(np.int64, copy=False), np.float32(sentinel), keep, starts, lengths,
+           rounds, run_start, run_row, run_index, run_tokens, old_out, rollout_out, counts)
     found = dict(zip(LAYOUT_COUNTS, counts.tolist(), strict=True))
     runs, valid = found["num_runs"], found["num_valid"]
     return FoundLayout(found, keep, starts, lengths, rounds, run_start[:runs], run_row[:runs], run_index[:runs],
@@ -282,10 +288,9 @@ def candidates(abs_log_ratio: torch.Tensor, ratio_safe: torch.Tensor, bound: flo
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The float32 tokens with |delta| above `bound` (int64 indices), and the float64 sums of the others' safe ratios
     and of their float32 squares (0-d tensors), in one pass."""
-    kernels = _compiled()
     index = np.empty(abs_log_ratio.numel(), dtype=np.int64)  # pages past the candidates are never touched
     rest = np.zeros(2, dtype=np.float64)
-    found = kernels["candidates"](abs_log_ratio.numpy(), ratio_safe.numpy(), np.float32(bound), index, rest)
+    found = _compiled("candidates")(abs_log_ratio.numpy(), ratio_safe.numpy(), np.float32(bound), index, rest)
     return torch.from_numpy(index[:found]), torch.tensor(rest[0]), torch.tensor(rest[1])
 
 
@@ -300,5 +305,6 @@ def start(*arguments: Any) -> Future[TokenSums]:
 
 
 __all__ = ["DERIVED", "LAYOUT_COUNTS", "OCTAVES", "OCTAVE_SHIFT", "POSITION_BIN", "SEGMENT_SUMS", "SKETCH_SIZE",
-           "SUMS", "FoundLayout", "OptionSums", "TokenSums", "cache_dir", "candidates", "forced", "is_weights",
-           "layout", "option_sums", "round_sketches", "segment_sums", "start", "token_sums", "wanted", "worth_it"]
+           "SUMS", "FoundLayout", "OptionSums", "TokenSums", "available", "cache_dir", "candidates", "forced",
+           "is_weights", "layout", "option_sums", "round_sketches", "segment_sums", "start", "token_sums", "wanted",
+           "worth_it"]

@@ -20,7 +20,7 @@ from mismatch_cli.engine.chunk import make_chunk
 from mismatch_cli.engine.runner import run
 from mismatch_cli.engine.signatures import FILL_LOG_RATIO, SLOPE_BINS, SLOPE_RANGE, TAIL_NATS, token_sums
 
-pytestmark = pytest.mark.skipif(sweep._kernel() is None, reason="numba is not installed")
+pytestmark = pytest.mark.skipif(not sweep.available(), reason="numba is not installed")
 
 
 def dirty_batch(seed: int, rows: int = 90, steps: bool = False, turns: int = 0) -> Batch:

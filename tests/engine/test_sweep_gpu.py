@@ -41,7 +41,7 @@ def test_gpu_sweep_gives_the_numpy_passes_results(seed: int, config: dict) -> No
         assert_same_tree(result.metrics, fused.steps[step].metrics, 1e-9, f"step {step}")
 
 
-@pytest.mark.skipif(sweep._kernel() is None, reason="numba is not installed")
+@pytest.mark.skipif(not sweep.available(), reason="numba is not installed")
 @pytest.mark.parametrize("seed", [4, 5])
 def test_gpu_sweep_sums_equal_the_cpu_sweeps(seed: int) -> None:
     chunk = make_chunk(dirty_batch(seed, rows=60), torch.device("cpu"), torch.float32)
