@@ -149,7 +149,11 @@ class Chunk:
 
     @cached_property
     def log_ratio_safe(self) -> torch.Tensor:
-        """Token log-ratio clamped to verl's safety bound [-20, 20]."""
+        """Token log-ratio clamped to verl's safety bound [-20, 20]: on the host, `log_ratio` itself (its memos
+        included) when no token reaches past the bound, as the clamp would then change nothing."""
+        host = numpy_kernels(self.log_ratio)
+        if host and (not self.num_tokens or bool(self.abs_log_ratio[self.worst_token] <= SAFETY_BOUND)):
+            return self.log_ratio
         return self.log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
 
     @cached_property
@@ -221,6 +225,11 @@ class Chunk:
     def remember_row_sum(self, values: torch.Tensor, row_sums: torch.Tensor) -> None:
         """Record per-row float64 sums of `values` taken elsewhere (a fused kernel), for `row_sum` and `row_mean`."""
         self._row_sums[id(values)] = (values, row_sums)
+
+    def known_row_sum(self, values: torch.Tensor) -> torch.Tensor | None:
+        """The per-row sums of `values` if some pass has taken them already, else None (nothing is computed)."""
+        hit = self._row_sums.get(id(values))
+        return hit[1] if hit is not None and hit[0] is values else None
 
     def row_sum(self, values: torch.Tensor) -> torch.Tensor:
         """Per-row float64 sum of per-token values (0 for an empty row), computed once per tensor."""

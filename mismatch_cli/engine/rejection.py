@@ -17,7 +17,11 @@ def token_statistic(chunk: Chunk, statistic: str) -> torch.Tensor:
     """Per-token k1 / k2 / k3 of the safety-clamped log-ratio, written as verl writes them."""
     safe = chunk.log_ratio_safe
     if statistic == "k1":
-        return -safe
+        k1 = -safe
+        row_sums = chunk.known_row_sum(safe)
+        if row_sums is not None:  # a sum of negated values is the negated sum, bit for bit
+            chunk.remember_row_sum(k1, -row_sums)
+        return k1
     if statistic == "k2":
         return 0.5 * safe**2
     return torch.exp(safe) - 1.0 - safe
