@@ -53,7 +53,7 @@ class Chunk:
     sequence_ids: np.ndarray | None = None  # [B] id column values, when the dump has one
     steps: np.ndarray | None = None  # [B] training step per row, when known
     process_index: np.ndarray | None = None  # [B] rank of the trainer process that held each row, when known
-    layout: Layout | None = None  # where the valid tokens and rounds sit among the positions (device)
+    layout: Layout | None = None  # where the valid tokens and rounds sit among the positions (chunk's device)
     # The raw positions (old, rollout, mask; device, input dtype) for a family that reads every masked-in
     # token whatever its value, as TRL does (a NaN rollout log-prob is a weight of 1 there, not an exclusion).
     positions: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
@@ -312,9 +312,9 @@ def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
 def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype, fused: bool = False) -> Chunk:
     """Move a batch's raw positions to the device once, and select its valid tokens there in the compute dtype.
 
-    Data-quality flags, row lengths and round starts are computed on the device; their counts come
+    Data-quality flags, row lengths and round starts are computed on the device, and their counts come
     back to the host in one small transfer (the chunk's only wait for the device), which sizes the
-    compaction and the rounds.
+    compaction and the rounds; on the fused CPU path one numba pass takes all of it (segments.lay_out).
     """
     old = _tensor(batch.old_log_probs, device)
     rollout = _tensor(batch.rollout_log_probs, device)

@@ -36,7 +36,7 @@ class Runs:
 
 @dataclass
 class Layout:
-    """Where a chunk's valid tokens and run starts sit among its positions (device tensors)."""
+    """Where a chunk's valid tokens and run starts sit among its positions (tensors on the chunk's device)."""
 
     offsets: torch.Tensor  # [B+1] int64 row offsets over positions
     keep: torch.Tensor  # [P] bool: a valid token

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -47,6 +48,7 @@ SUMS = ("negative", "sum_exp_abs",  # diagnostics
         "bitwise_equal", "zero_old", "repeat_old", "fill_old", "zero_rollout", "repeat_rollout", "fill_rollout",
         "old_sq", "rollout_sq", "old_rollout", "shift_aligned", "shift_forward", "shift_backward")  # signatures
 _FORCED: list[bool | None] = [None]
+_COMPILING = threading.Lock()
 
 
 def cache_dir() -> Path:
@@ -93,17 +95,20 @@ def _compiled(name: str) -> Any:
     cache), so that a run compiles and loads only the kernels its configuration uses."""
     numba = _numba()
     assert numba is not None
-    marker = cache_dir() / f"{name}-{numba.__version__}-{_VERSION}"
-    if not marker.exists():
-        _say_compiling()
-    function, signature = KERNELS[name]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # an unwritable cache folder: compile in memory, every run
-        kernel = numba.njit(signature(numba.types), cache=True, nogil=True, fastmath={"reassoc"})(function)
-    try:
-        marker.touch()
-    except OSError:
-        pass
+    with _COMPILING:  # the sweep's thread and the main one may both compile: one at a time, one line said
+        marker = cache_dir() / f"{name}-{numba.__version__}-{_VERSION}"
+        if not marker.exists():
+            _say_compiling()
+        function, signature = KERNELS[name]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an unwritable cache folder: compile in memory, every run
+            # reassoc lets LLVM reorder the float64 sums only; each token's float32 arithmetic stays as written
+            # (the bit-for-bit tests pin it).
+            kernel = numba.njit(signature(numba.types), cache=True, nogil=True, fastmath={"reassoc"})(function)
+        try:
+            marker.touch()
+        except OSError:
+            pass
     return kernel
 
 
@@ -119,7 +124,8 @@ def worth_it(input_bytes: int) -> bool:
 
 
 def wanted(values: torch.Tensor, asked: bool) -> bool:
-    """Whether a chunk's token sums come from the sweep: float32 on numpy's CPU path, when `asked` (or forced)."""
+    """Whether a chunk takes the fused kernels (layout, sums, IS, RS, rounds, what-if): float32 on numpy's CPU
+    path, when `asked` (or forced)."""
     use = asked if _FORCED[0] is None else _FORCED[0]
     return use and values.dtype == torch.float32 and numpy_kernels(values) and available()
 
@@ -247,6 +253,8 @@ def round_sketches(abs_log_ratio: torch.Tensor, run_tokens: torch.Tensor, run_in
 
 
 LAYOUT_COUNTS = ("num_valid", "num_runs", "max_rounds", "masked_tokens", *QUALITY_CATEGORIES)
+# the layout kernel writes its quality counts in this order (sweep_kernels._layout's last lines)
+assert QUALITY_CATEGORIES == ("nonfinite_tokens", "sentinel_tokens", "positive_logprob_tokens", "one_side_zero_tokens")
 
 
 @dataclass(frozen=True)
@@ -267,7 +275,8 @@ class FoundLayout:
 
 
 def layout(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray, offsets: np.ndarray, sentinel: float) -> FoundLayout:
-    """make_chunk's quality flags, valid tokens per row, rounds and compaction of float32 positions, in one pass."""
+    """A chunk's quality flags, valid tokens per row, rounds and compaction, from float32 positions, in one pass
+    (for segments.lay_out); the counts come in LAYOUT_COUNTS' order, which the kernel's last lines follow."""
     positions, rows = mask.size, offsets.size - 1
     keep, starts = np.empty(positions, dtype=bool), np.empty(positions, dtype=bool)
     lengths, rounds = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64)

@@ -339,7 +339,7 @@ def _layout(old, rollout, mask, offsets, sentinel, keep, starts, lengths, rounds
         run_tokens[k] = run_tokens[k + 1] - run_tokens[k]
     if runs:
         run_tokens[runs - 1] = valid - run_tokens[runs - 1]
-    values = (valid, runs, most, masked, nonfinite, sentinels, positive, one_side_zero)
+    values = (valid, runs, most, masked, nonfinite, sentinels, positive, one_side_zero)  # sweep.LAYOUT_COUNTS' order
     for i in range(len(values)):
         counts[i] = values[i]
 

@@ -83,7 +83,6 @@ def _float32_log(value: float) -> float:
     return float(torch.log(torch.tensor(value, dtype=torch.float32)).item())
 
 
-
 def _rest_weights(chunk: Chunk, is_candidate: torch.Tensor, by_difference_r: torch.Tensor,
                   by_difference_r_sq: torch.Tensor, huge: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 sums of the non-candidate tokens' safe ratios and their squares: total - candidates (the same float
@@ -101,6 +100,7 @@ def _rest_weights(chunk: Chunk, is_candidate: torch.Tensor, by_difference_r: tor
         return direct() if bool(huge) else (by_difference_r, by_difference_r_sq)
     direct_r, direct_r_sq = direct()
     return torch.where(huge, direct_r, by_difference_r), torch.where(huge, direct_r_sq, by_difference_r_sq)
+
 
 class WhatIfAccumulator(Accumulator):
     """Truncated / masked token and sequence counts and weight sums for every ladder setting."""
@@ -159,8 +159,13 @@ class WhatIfAccumulator(Accumulator):
         # the padding's scatter into one row serialized on a GPU's atomics).
         on_host = numpy_kernels(device)
         one_pass = on_host and sweep.wanted(chunk.abs_log_ratio, chunk.fused)
-        if one_pass:  # the candidates and the others' weight sums in one pass (engine/sweep.py)
-            index, rest_r, rest_r_sq = sweep.candidates(chunk.abs_log_ratio, chunk.ratio_safe, self.candidate_bound)
+        is_candidate: torch.Tensor | None = None
+        rest: tuple[torch.Tensor, torch.Tensor] | None = None
+        if one_pass:
+            # The candidates and the others' weight sums in one pass (engine/sweep.py), summed directly: the more
+            # exact of _rest_weights' two ways, so the fused and numpy paths may differ by the difference's error.
+            index, *others = sweep.candidates(chunk.abs_log_ratio, chunk.ratio_safe, self.candidate_bound)
+            rest = (others[0], others[1])
         else:
             is_candidate = torch.gt(chunk.abs_log_ratio, self.candidate_bound,
                                     out=scratch("flag", n, torch.bool, device))
@@ -171,13 +176,16 @@ class WhatIfAccumulator(Accumulator):
             real = torch.ones_like(index, dtype=torch.bool)
             row_c = torch.searchsorted(torch.cumsum(chunk.lengths, 0), index, right=True)
         else:
+            assert is_candidate is not None
             log_ratio_c, ratio_c, real = chunk.log_ratio, chunk.ratio_safe, is_candidate
             ratio_sq_c = chunk.ratio_safe_sq.to(F64) * real
         real64 = real.to(F64)
         ratio_c64 = (ratio_c.to(F64) * real64)[:, None]
-        if not one_pass:
-            rest_r, rest_r_sq = _rest_weights(chunk, is_candidate, row_r.sum() - ratio_c64.sum(),
-                                              row_r_sq.sum() - ratio_sq_c.sum(), ratio_sq_c.sum() > 1e4 * tokens)
+        if rest is None:
+            assert is_candidate is not None
+            rest = _rest_weights(chunk, is_candidate, row_r.sum() - ratio_c64.sum(), row_r_sq.sum() - ratio_sq_c.sum(),
+                                 ratio_sq_c.sum() > 1e4 * tokens)
+        rest_r, rest_r_sq = rest
 
         def rows_hit(flags: torch.Tensor) -> torch.Tensor:
             """[B, J] bool: the row holds at least one flagged candidate, per setting (the CPU's candidates)."""

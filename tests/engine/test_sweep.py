@@ -296,3 +296,40 @@ def test_the_what_if_candidates_in_one_pass_match_float64_by_hand() -> None:
     others = ratio[~above].astype(np.float64)
     assert rest.item() == pytest.approx(others.sum(), rel=1e-13)
     assert rest_sq.item() == pytest.approx((ratio[~above] * ratio[~above]).astype(np.float64).sum(), rel=1e-13)
+
+
+def test_the_rounds_catastrophic_count_takes_torchs_float32_boundary() -> None:
+    from mismatch_cli.engine.ops import count_in_segments
+    from mismatch_cli.engine.rounds import CATASTROPHIC_LOG_RATIO
+
+    edge = np.float32(CATASTROPHIC_LOG_RATIO)  # torch compares a float32 tensor against the float rounded so
+    values = np.array([np.nextafter(edge, np.float32(0)), edge, np.nextafter(edge, np.float32(np.inf)), 0.5, 30.0,
+                       edge, 12.0], dtype=np.float32)
+    run_tokens = torch.tensor([2, 0, 4, 1])
+    with sweep.forced(True):
+        _, _, over = sweep.round_sketches(torch.from_numpy(values), run_tokens, torch.tensor([0, 1, 0, 1]),
+                                          torch.tensor([1, 0, 1, 0]), 2, CATASTROPHIC_LOG_RATIO)
+    want = count_in_segments(torch.from_numpy(values) > CATASTROPHIC_LOG_RATIO, run_tokens)
+    assert over.tolist() == [0, 0, 2, 1] and want.tolist() == [0.0, 0.0, 2.0, 1.0]
+
+
+def test_a_safe_log_ratio_is_the_log_ratio_only_where_the_clamp_changes_nothing() -> None:
+    from mismatch_cli.engine.rejection import token_statistic
+
+    cpu = torch.device("cpu")
+    batch = dirty_batch(9, turns=2)
+    np.maximum(batch.old_log_probs, batch.rollout_log_probs - np.float32(19), out=batch.old_log_probs)  # no spike
+    inside = make_chunk(batch, cpu, torch.float32)
+    assert inside.log_ratio.abs().max() <= 20 and inside.log_ratio_safe is inside.log_ratio
+    inside.row_sum(inside.log_ratio)  # the k1 row sums then come from these, negated
+    k1 = token_statistic(inside, "k1")
+    assert torch.equal(inside.known_row_sum(k1), -inside.row_sum(inside.log_ratio))
+    ends = np.cumsum(inside.lengths.numpy())
+    by_hand = [(-inside.log_ratio.numpy()[e - n:e].astype(np.float64)).sum()
+               for e, n in zip(ends, inside.lengths.numpy(), strict=True)]
+    np.testing.assert_allclose(inside.row_sum(k1).numpy(), by_hand, rtol=1e-12)
+    batch.old_log_probs[3] = np.float32(-40.0)  # one token past the bound: the clamp is taken
+    outside = make_chunk(batch, cpu, torch.float32)
+    assert outside.log_ratio_safe is not outside.log_ratio
+    assert torch.equal(outside.log_ratio_safe, outside.log_ratio.clamp(-20, 20))
+    assert outside.known_row_sum(token_statistic(outside, "k1")) is None  # no sums of the clamped values yet
