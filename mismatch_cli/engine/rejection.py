@@ -24,7 +24,8 @@ def token_statistic(chunk: Chunk, statistic: str) -> torch.Tensor:
         return k1
     if statistic == "k2":
         return 0.5 * safe**2
-    return torch.exp(safe) - 1.0 - safe
+    # Where nothing was clamped, exp(safe) is the chunk's own exp of the same tensor: taken once.
+    return (chunk.ratio if safe is chunk.log_ratio else torch.exp(safe)) - 1.0 - safe
 
 
 class OptionBounds:

@@ -333,3 +333,17 @@ def test_a_safe_log_ratio_is_the_log_ratio_only_where_the_clamp_changes_nothing(
     assert outside.log_ratio_safe is not outside.log_ratio
     assert torch.equal(outside.log_ratio_safe, outside.log_ratio.clamp(-20, 20))
     assert outside.known_row_sum(token_statistic(outside, "k1")) is None  # no sums of the clamped values yet
+
+
+def test_the_k3_statistic_reuses_the_chunks_exp_only_where_nothing_is_clamped() -> None:
+    from mismatch_cli.engine.rejection import token_statistic
+
+    batch = dirty_batch(10, turns=3)
+    np.maximum(batch.old_log_probs, batch.rollout_log_probs - np.float32(19), out=batch.old_log_probs)
+    for spike in (False, True):
+        if spike:
+            batch.old_log_probs[5] = np.float32(-45.0)
+        chunk = make_chunk(batch, torch.device("cpu"), torch.float32)
+        safe = chunk.log_ratio.clamp(-20, 20)
+        verl = torch.exp(safe) - 1.0 - safe  # verl's expression, on the clamped values
+        assert token_statistic(chunk, "k3").numpy().tobytes() == verl.numpy().tobytes()
