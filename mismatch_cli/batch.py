@@ -24,7 +24,8 @@ class Batch:
     unknown; a per-row advantage repeated over the row's positions) when the dump has one, else None:
     only a replayed trainer that masks on it (prime-rl) reads it. `process_index` is the rank of
     the trainer process that held each row (int64 per row) when the dump says so, else None: only a
-    replayed trainer that averages over processes (TRL) reads it.
+    replayed trainer that averages over processes (TRL) reads it. `rows` is each row's index within
+    `source` when the rows are not `first_row` onward (a selection of scattered rows), else None.
     """
 
     old_log_probs: np.ndarray
@@ -39,6 +40,7 @@ class Batch:
     groups: dict[str, np.ndarray] = field(default_factory=dict)
     advantages: np.ndarray | None = None
     process_index: np.ndarray | None = None
+    rows: np.ndarray | None = None
 
     @property
     def num_rows(self) -> int:
@@ -50,21 +52,29 @@ class Batch:
         """Number of token positions (masked and unmasked) in the chunk."""
         return int(self.offsets[-1])
 
+    def row_numbers(self) -> np.ndarray:
+        """int64 [B]: each row's index within the source file."""
+        if self.rows is not None:
+            return self.rows
+        return np.arange(self.first_row, self.first_row + self.num_rows, dtype=np.int64)
+
     def row_of_position(self, position: int) -> int:
         """Row index within the source file of the row holding flat position `position`."""
-        return self.first_row + int(np.searchsorted(self.offsets, position, side="right") - 1)
+        return int(self.row_numbers()[np.searchsorted(self.offsets, position, side="right") - 1])
 
     def select_rows(self, rows: np.ndarray) -> Batch:
         """A new batch of the rows where the bool array `rows` is True (positions follow their rows).
 
-        `first_row` keeps the first selected row's index in the file only when the rows are contiguous.
+        `first_row` is the first selected row's index in the file; scattered rows keep theirs in `rows`.
         """
         lengths = np.diff(self.offsets)
         positions = np.repeat(rows, lengths)
         sub_lengths = lengths[rows]
         offsets = np.concatenate([[0], np.cumsum(sub_lengths)]).astype(np.int64)
         picked = np.flatnonzero(rows)
-        first = self.first_row + (int(picked[0]) if len(picked) else 0)
+        numbers = self.row_numbers()[picked]
+        first = int(numbers[0]) if len(picked) else self.first_row
+        contiguous = self.rows is None and (len(picked) == 0 or int(picked[-1]) - int(picked[0]) == len(picked) - 1)
         return Batch(
             old_log_probs=self.old_log_probs[positions],
             rollout_log_probs=self.rollout_log_probs[positions],
@@ -78,6 +88,7 @@ class Batch:
             groups={name: values[rows] for name, values in self.groups.items()},
             advantages=None if self.advantages is None else self.advantages[positions],
             process_index=None if self.process_index is None else self.process_index[rows],
+            rows=None if contiguous else numbers,
         )
 
     def slice_rows(self, start: int, stop: int) -> Batch:
@@ -96,6 +107,7 @@ class Batch:
             groups={name: values[start:stop] for name, values in self.groups.items()},
             advantages=None if self.advantages is None else self.advantages[a:b],
             process_index=None if self.process_index is None else self.process_index[start:stop],
+            rows=None if self.rows is None else self.rows[start:stop],
         )
 
 
@@ -134,4 +146,5 @@ def concat_rows(batches: list[Batch],
         groups={name: np.concatenate([b.groups[name] for b in batches]) for name in first.groups},
         advantages=tokens("advantages", [b.advantages for b in batches]),
         process_index=joined([b.process_index for b in batches]),
+        rows=None if all(b.rows is None for b in batches) else np.concatenate([b.row_numbers() for b in batches]),
     )

@@ -92,10 +92,11 @@ def _mix_numpy(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _uniforms_numpy(key: int, first_row: int, count: int, replicates: int) -> np.ndarray:
+def _uniforms_numpy(key: int, row_numbers: np.ndarray, replicates: int) -> np.ndarray:
     words = -(-replicates // LANES)
     golden = np.uint64(GOLDEN & _U64)
-    rows = np.arange(first_row, first_row + count, dtype=np.uint64)
+    rows = row_numbers.astype(np.uint64)
+    count = len(rows)
     row_hash = _mix_numpy(rows * golden + np.uint64(key & _U64))
     counters = np.arange(1, words + 1, dtype=np.uint64) * golden
     hashed = _mix_numpy(row_hash[:, None] + counters[None, :])
@@ -103,9 +104,10 @@ def _uniforms_numpy(key: int, first_row: int, count: int, replicates: int) -> np
     return hashed.astype("<u8", copy=False).view("<u2").reshape(count, words * LANES)[:, :replicates]
 
 
-def _uniforms_torch(key: int, first_row: int, count: int, replicates: int, device: torch.device) -> torch.Tensor:
+def _uniforms_torch(key: int, row_numbers: np.ndarray, replicates: int, device: torch.device) -> torch.Tensor:
     words = -(-replicates // LANES)
-    rows = torch.arange(first_row, first_row + count, dtype=torch.int64, device=device)
+    rows = torch.from_numpy(row_numbers.astype(np.int64)).to(device)
+    count = len(row_numbers)
     row_hash = mix64(rows * GOLDEN + key)
     counters = torch.arange(1, words + 1, dtype=torch.int64, device=device) * GOLDEN
     hashed = mix64(row_hash[:, None] + counters[None, :])  # [B, words]
@@ -114,20 +116,19 @@ def _uniforms_torch(key: int, first_row: int, count: int, replicates: int, devic
     return lanes.reshape(count, words * LANES)[:, :replicates]
 
 
-def poisson_weights(
-    key: int, first_row: int, count: int, replicates: int, device: torch.device | None = None
-) -> torch.Tensor:
-    """Poisson(1) weights [count, replicates] (float64) of rows first_row.. of the file with this key."""
+def poisson_weights(key: int, row_numbers: np.ndarray, replicates: int, device: torch.device | None = None,
+                    ) -> torch.Tensor:
+    """Poisson(1) weights [rows, replicates] (float64) of the rows with these indices in the file with this key."""
     device = device or torch.device("cpu")
     if numpy_kernels(device):
-        uniforms = _uniforms_numpy(key, first_row, count, replicates)
+        uniforms = _uniforms_numpy(key, row_numbers, replicates)
         weights = np.zeros(uniforms.shape, dtype=np.uint8)
         for threshold in _THRESHOLDS:
             weights += uniforms >= threshold
         return torch.from_numpy(weights.astype(np.float64))
     if device not in _TORCH_TABLES:
         _TORCH_TABLES[device] = torch.from_numpy(POISSON_TABLE.astype(np.float64)).to(device)
-    return _TORCH_TABLES[device][_uniforms_torch(key, first_row, count, replicates, device)]
+    return _TORCH_TABLES[device][_uniforms_torch(key, row_numbers, replicates, device)]
 
 
 # Per-row features; every headline metric is a ratio of their (weighted) sums.
@@ -214,12 +215,12 @@ class BootstrapAccumulator(Accumulator):
         if chunk.num_rows == 0:
             return
         features = self._row_features(chunk, decisions)
-        first_row = chunk.first_row
+        row_numbers = chunk.row_numbers()  # each row's weights hang on its index in the file, whatever the chunking
         key = source_key(self.seed, chunk.source)
         device = features.device
         for start in range(0, chunk.num_rows, ROW_BLOCK):
             stop = min(start + ROW_BLOCK, chunk.num_rows)
-            weights = poisson_weights(key, first_row + start, stop - start, self.replicates, device)
+            weights = poisson_weights(key, row_numbers[start:stop], self.replicates, device)
             self.sums.addmm_(weights.T, features[start:stop])
 
     def merge(self, other: BootstrapAccumulator) -> None:

@@ -50,6 +50,7 @@ class Chunk:
     offsets: np.ndarray | None = None  # [B+1] row offsets over positions (host, from the reader)
     source: str = ""  # the file the rows come from
     first_row: int = 0  # row index, within `source`, of the chunk's row 0
+    rows: np.ndarray | None = None  # each row's index within `source` when they are scattered (Batch.rows)
     sequence_ids: np.ndarray | None = None  # [B] id column values, when the dump has one
     steps: np.ndarray | None = None  # [B] training step per row, when known
     process_index: np.ndarray | None = None  # [B] rank of the trainer process that held each row, when known
@@ -95,6 +96,12 @@ class Chunk:
         assert self.positions is not None
         index = flag_indices(self.positions[2], self.quality["masked_tokens"])
         return take(self.position_advantages, index).to(self.old.dtype)
+
+    def row_numbers(self) -> np.ndarray:
+        """int64 [B]: each row's index within `source`."""
+        if self.rows is not None:
+            return self.rows
+        return np.arange(self.first_row, self.first_row + self.num_rows, dtype=np.int64)
 
     @property
     def num_rows(self) -> int:
@@ -341,6 +348,7 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype, fused: bo
         offsets=batch.offsets,
         source=batch.source,
         first_row=batch.first_row,
+        rows=batch.rows,
         sequence_ids=batch.sequence_ids,
         steps=batch.steps,
         process_index=batch.process_index,

@@ -69,11 +69,12 @@ def quality_examples(batch: Batch, categories: Iterable[str], limit: int) -> dic
         if len(positions) == 0:
             continue
         rows = np.searchsorted(batch.offsets, positions, side="right") - 1
+        numbers = batch.row_numbers()
         examples = []
         for position, row in zip(positions.tolist(), rows.tolist(), strict=True):  # at most `limit` of them
             example: dict[str, Any] = {
                 "file": batch.source,
-                "row": batch.first_row + row,
+                "row": int(numbers[row]),
                 "position": position - int(batch.offsets[row]),
                 "old_log_prob": float(batch.old_log_probs[position]),
                 "rollout_log_prob": float(batch.rollout_log_probs[position]),

@@ -14,6 +14,8 @@ from mismatch_cli.batch import Batch, concat_rows
 from mismatch_cli.correction import ResolvedCorrection
 from mismatch_cli.engine.analysis import BatchAccumulator, BatchResult
 from mismatch_cli.engine.bootstrap import DEFAULT_REPLICATES
+from mismatch_cli.engine.breakdown import check_group_count, combined_parts, group_keys, labels, split_rows
+from mismatch_cli.engine.breakdown import pieces as find_pieces
 from mismatch_cli.engine.chunk import DEVICE_CHUNK_POSITIONS, MAX_CHUNK_POSITIONS, Chunk, bounded, make_chunk
 from mismatch_cli.engine.family import FamilyAccumulator
 from mismatch_cli.engine.packs import merge_xtuner_packs
@@ -21,16 +23,12 @@ from mismatch_cli.engine.protocol import ChunkDecisions
 from mismatch_cli.engine.quality import QUALITY_CATEGORIES, quality_examples
 from mismatch_cli.engine.signatures import start_token_sums
 from mismatch_cli.engine.staging import Staging
-from mismatch_cli.errors import ConfigError, DataError, InputError, UsageError
+from mismatch_cli.errors import ConfigError, DataError, UsageError
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 EXAMPLES_PER_CATEGORY = 3  # first flagged tokens kept per data-quality category and file
-MAX_GROUPS = 1000  # distinct values of one --by column; each group holds a full set of accumulators
-# A chunk in at most this many runs of one step / --by value is folded run by run (each run's tokens once);
-# beyond, the groups' rows are interleaved and each group's rows are analyzed again on their own.
-MAX_PIECES = 16
 
 
 @dataclass
@@ -88,37 +86,6 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def _labels(values: np.ndarray) -> np.ndarray:
-    """Sortable per-row labels: integers stay int64; anything else becomes str, null as "null"."""
-    if values.dtype.kind in "iu":
-        return values.astype(np.int64, copy=False)
-    labels = values.astype(str)
-    if values.dtype == object:
-        labels[np.equal(values, None)] = "null"
-    return labels
-
-
-def _split_rows(batch: Batch, keys: np.ndarray) -> list[tuple[Any, Batch]]:
-    """The batch's rows grouped by `keys` (one label per row), in sorted label order."""
-    unique, inverse = np.unique(keys, return_inverse=True)
-    labels = [u.item() if isinstance(u, np.generic) else u for u in unique]
-    if len(unique) == 1:
-        return [(labels[0], batch)]
-    return [(label, batch.select_rows(inverse == i)) for i, label in enumerate(labels)]
-
-
-def _pieces(keys: list[np.ndarray], rows: int) -> list[tuple[int, int]] | None:
-    """The runs of consecutive rows with the same label in every column, as (start, stop); None past MAX_PIECES."""
-    change = np.zeros(rows, dtype=bool)
-    for labels in keys:
-        change[1:] |= labels[1:] != labels[:-1]
-    starts = np.flatnonzero(change[1:]) + 1
-    if len(starts) >= MAX_PIECES:
-        return None
-    bounds = [0, *starts.tolist(), rows]
-    return list(zip(bounds[:-1], bounds[1:], strict=True))
-
-
 def _follows(previous: Batch, batch: Batch) -> bool:
     """Whether `batch` holds the rows right after `previous` in the same file, with the same columns."""
     return (batch.source == previous.source and batch.first_row == previous.first_row + previous.num_rows
@@ -127,31 +94,6 @@ def _follows(previous: Batch, batch: Batch) -> bool:
             and (batch.steps is None) == (previous.steps is None)
             and (batch.sequence_ids is None) == (previous.sequence_ids is None)
             and batch.groups.keys() == previous.groups.keys() and batch.labels == previous.labels)
-
-
-def _check_group_count(column: str, known: dict[Any, Any], keys: np.ndarray) -> None:
-    """UsageError when this batch would take `--by column` past MAX_GROUPS, before any row is split off."""
-    unique = np.unique(keys)
-    if len(known) + len(unique) <= MAX_GROUPS:
-        return
-    new = len(unique) if len(unique) > MAX_GROUPS else sum(
-        (u.item() if isinstance(u, np.generic) else u) not in known for u in unique)
-    if len(known) + new > MAX_GROUPS:
-        raise UsageError(
-            f"--by {column}: more than {MAX_GROUPS} distinct values, each of which would be analyzed as its own "
-            "batch",
-            hint="group by a column with fewer distinct values (e.g. env_name, data_source, step)",
-        )
-
-
-def _group_keys(batch: Batch, column: str) -> np.ndarray:
-    values = batch.groups.get(column)
-    if values is None:
-        raise InputError(
-            f"no column {column!r} (asked for by --by {column}) in {batch.source}",
-            hint=f"group by a column every input has, or drop --by {column}",
-        )
-    return _labels(values)
 
 
 def describe_inputs(names: tuple[str, ...]) -> str:
@@ -241,7 +183,7 @@ class Analysis:
         """Fold one bounded batch whose chunk is already made (several analyses may share one chunk)."""
         self.any_rows = True
         columns = self._breakdown_columns(batch)
-        pieces = _pieces([keys for _, keys in columns], batch.num_rows)
+        pieces = find_pieces([keys for _, keys in columns], batch.num_rows)
         compute_dtype = DTYPES[self.dtype]
         if not columns:
             start_token_sums(chunk)  # the fused sweep, on its own thread while the first accumulators fold
@@ -258,12 +200,26 @@ class Analysis:
                 self.overall.update_from(part, shared, shared.update(part))
                 for states, keys in columns:
                     self._state(states, keys[start]).merge(shared)
-        else:  # rows of many groups interleaved: each group's rows are analyzed again as a batch of their own
-            start_token_sums(chunk)
-            self.overall.update(chunk)
-            for states, keys in columns:
-                for label, part in _split_rows(batch, keys):
-                    self._state(states, label).update(make_chunk(part, self.device, compute_dtype, self.fused))
+        else:
+            # Rows of many labels interleaved. Where no family reads the rows' order (micro-batches, packs),
+            # each combination of labels is folded once, as a shard whose rows keep their file indices;
+            # otherwise each group's rows are analyzed again as a batch of their own.
+            order_free = self.overall.family is None and self.overall.trainer is None
+            parts = combined_parts(batch, [keys for _, keys in columns]) if order_free else None
+            if parts is not None:
+                for combination, rows in parts:
+                    part = make_chunk(rows, self.device, compute_dtype, self.fused)
+                    start_token_sums(part)
+                    shared = self._breakdown()
+                    self.overall.update_from(part, shared, shared.update(part))
+                    for (states, _), label in zip(columns, combination, strict=True):
+                        self._state(states, label).merge(shared)
+            else:
+                start_token_sums(chunk)
+                self.overall.update(chunk)
+                for states, keys in columns:
+                    for label, part in split_rows(batch, keys):
+                        self._state(states, label).update(make_chunk(part, self.device, compute_dtype, self.fused))
         if self.per_pack:
             pack = self.packs.setdefault(batch.source, FamilyAccumulator(self.correction.family_spec, self.device))
             pack.update(chunk, ChunkDecisions())
@@ -277,10 +233,10 @@ class Analysis:
         """Per --by step / --by column: its states by label, and the batch's label per row."""
         columns: list[tuple[dict[Any, BatchAccumulator], np.ndarray]] = []
         if self.by_step and batch.steps is not None:
-            columns.append((self.per_step, _labels(batch.steps)))
+            columns.append((self.per_step, labels(batch.steps)))
         for column in self.group_by:
-            keys = _group_keys(batch, column)
-            _check_group_count(column, self.per_group[column], keys)
+            keys = group_keys(batch, column)
+            check_group_count(column, self.per_group[column], keys)
             columns.append((self.per_group[column], keys))
         return columns
 

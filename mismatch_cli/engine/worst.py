@@ -58,7 +58,7 @@ class WorstSequences(Accumulator):
         self.k = k
         self.best: dict[str, list[dict[str, Any]]] = {c: [] for c in CRITERIA}
         # Each chunk's picks, still on their way to the host, with the chunk's per-row metadata.
-        self.pending: list[tuple[torch.Tensor, Any, tuple[str, int, Any, Any]]] = []
+        self.pending: list[tuple[torch.Tensor, Any, tuple[str, np.ndarray, Any, Any]]] = []
 
     def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
         """Pick the chunk's k best valid rows per criterion on the device; the host reads them a chunk later."""
@@ -80,13 +80,13 @@ class WorstSequences(Accumulator):
             payload = payload.to("cpu", non_blocking=True)  # into pinned memory, without waiting
             event = torch.cuda.Event()
             event.record(stream)
-        self.pending.append((payload, event, (chunk.source, chunk.first_row, chunk.sequence_ids, chunk.steps)))
+        self.pending.append((payload, event, (chunk.source, chunk.row_numbers(), chunk.sequence_ids, chunk.steps)))
         self._drain(wait=False)
 
     def _drain(self, wait: bool = True) -> None:
         """Fold in the picks that have reached the host (all of them when `wait`)."""
         while self.pending:
-            payload, event, (source, first_row, sequence_ids, steps) = self.pending[0]
+            payload, event, (source, row_numbers, sequence_ids, steps) = self.pending[0]
             if event is not None and not event.query():
                 if not wait:
                     return
@@ -96,11 +96,11 @@ class WorstSequences(Accumulator):
             candidates = []
             for i in sorted(set(np.flatnonzero(columns[1] >= 0).tolist()), key=lambda i: columns[0, i]):
                 row = int(columns[0, i])
-                if candidates and candidates[-1]["row"] == first_row + row:
+                if candidates and candidates[-1]["row"] == int(row_numbers[row]):
                     continue
                 candidates.append({
                     "file": source,
-                    "row": first_row + row,
+                    "row": int(row_numbers[row]),
                     "id": None if sequence_ids is None else _python(sequence_ids[row]),
                     "step": None if steps is None else int(steps[row]),
                     "tokens": int(columns[4, i]),

@@ -38,7 +38,7 @@ class WorstTokens:
         values = self._host_picks(chunk) if on_host else self._device_picks(chunk)
         # On the host, the arrays that place a token at a resolve (CPU tensors); a device places its candidates.
         layout = chunk.layout if on_host else None
-        meta = {"file": chunk.source, "first_row": chunk.first_row, "offsets": chunk.offsets,
+        meta = {"file": chunk.source, "rows": chunk.row_numbers(), "offsets": chunk.offsets,
                 "valid": layout.keep if layout is not None else None,
                 "starts": layout.starts if layout is not None else None,
                 "steps": chunk.steps, "ids": chunk.sequence_ids, "placed": not on_host,
@@ -153,7 +153,7 @@ def _place(meta: dict[str, Any], token: int) -> dict[str, Any]:
 
 
 def _entry(meta: dict[str, Any], row: int, position: int, round_index: int | None) -> dict[str, Any]:
-    entry: dict[str, Any] = {"file": meta["file"], "row": meta["first_row"] + row, "position": position,
+    entry: dict[str, Any] = {"file": meta["file"], "row": int(meta["rows"][row]), "position": position,
                              "round": round_index, "step": None if meta["steps"] is None else int(meta["steps"][row])}
     if meta["ids"] is not None:
         value = meta["ids"][row]

@@ -45,13 +45,14 @@ def test_mix64_is_splitmix64_bit_for_bit() -> None:
 
 def test_numpy_and_torch_paths_draw_the_same_uniforms() -> None:
     for key, first, count, k in ((-5, 3, 257, 197), (2**62 + 7, 10**9, 31, 200), (0, 0, 1, 1)):
-        a = bs._uniforms_numpy(key, first, count, k).astype(np.int64)
-        b = bs._uniforms_torch(key, first, count, k, CPU).numpy()
+        rows = np.arange(first, first + count)
+        a = bs._uniforms_numpy(key, rows, k).astype(np.int64)
+        b = bs._uniforms_torch(key, rows, k, CPU).numpy()
         assert np.array_equal(a, b)
 
 
 def test_weights_are_poisson_one() -> None:
-    w = poisson_weights(source_key(0, "x.parquet"), 0, 20_000, 200).numpy().ravel()  # 4M draws
+    w = poisson_weights(source_key(0, "x.parquet"), np.arange(20_000), 200).numpy().ravel()  # 4M draws
     se = 1.0 / math.sqrt(w.size)
     assert abs(w.mean() - 1.0) < 5 * se
     assert abs(w.var() - 1.0) < 10 * se
@@ -63,19 +64,20 @@ def test_weights_are_poisson_one() -> None:
 
 def test_weights_are_a_pure_function_of_seed_file_and_row() -> None:
     key = source_key(0, "dumps/a.parquet")
-    whole = poisson_weights(key, 0, 100, 200)
-    assert torch.equal(poisson_weights(key, 37, 20, 200), whole[37:57])
-    assert torch.equal(poisson_weights(key, 5, 10, 50), whole[5:15, :50])  # a replicate does not depend on K
-    assert torch.equal(poisson_weights(source_key(0, "./dumps//a.parquet"), 0, 100, 200), whole)
-    assert not torch.equal(poisson_weights(source_key(0, "dumps/b.parquet"), 0, 100, 200), whole)
-    assert not torch.equal(poisson_weights(source_key(1, "dumps/a.parquet"), 0, 100, 200), whole)
+    whole = poisson_weights(key, np.arange(100), 200)
+    assert torch.equal(poisson_weights(key, np.arange(37, 57), 200), whole[37:57])
+    assert torch.equal(poisson_weights(key, np.array([90, 3, 41]), 200), whole[[90, 3, 41]])  # scattered rows
+    assert torch.equal(poisson_weights(key, np.arange(5, 15), 50), whole[5:15, :50])  # a replicate does not depend on K
+    assert torch.equal(poisson_weights(source_key(0, "./dumps//a.parquet"), np.arange(100), 200), whole)
+    assert not torch.equal(poisson_weights(source_key(0, "dumps/b.parquet"), np.arange(100), 200), whole)
+    assert not torch.equal(poisson_weights(source_key(1, "dumps/a.parquet"), np.arange(100), 200), whole)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_weights_equal_cpu_weights() -> None:
     key = source_key(3, "f.safetensors")
-    cpu = poisson_weights(key, 1000, 5000, 200, CPU)
-    cuda = poisson_weights(key, 1000, 5000, 200, torch.device("cuda"))
+    cpu = poisson_weights(key, np.arange(1000, 6000), 200, CPU)
+    cuda = poisson_weights(key, np.arange(1000, 6000), 200, torch.device("cuda"))
     assert torch.equal(cuda.cpu(), cpu)
 
 
@@ -94,7 +96,7 @@ def test_replicates_match_an_independent_numpy_computation() -> None:
     accumulator.update(make_chunk(batch, CPU, torch.float64))
     ours = accumulator.bootstrap.replicate_metrics()
 
-    w = poisson_weights(source_key(0, "case.parquet"), 0, 50, 200).numpy()  # [rows, K]
+    w = poisson_weights(source_key(0, "case.parquet"), np.arange(50), 200).numpy()  # [rows, K]
     delta = old - rollout
     n = (mask > 0).sum(axis=1).astype(float)
     s = _row_sums(delta, mask)
@@ -140,8 +142,8 @@ def test_unit_weights_reproduce_the_point_metrics(config: dict, monkeypatch: pyt
     """With every weight 1, each replicate is the reported metric itself (same ratio of the same sums)."""
     old, rollout, mask = random_dump(9, rows=40)
     batch = batch_from_padded(old, rollout, mask)
-    monkeypatch.setattr(bs, "poisson_weights", lambda key, first, count, k, device=None: torch.ones(
-        count, k, dtype=torch.float64))
+    monkeypatch.setattr(bs, "poisson_weights", lambda key, rows, k, device=None: torch.ones(
+        len(rows), k, dtype=torch.float64))
     accumulator = BatchAccumulator(resolve(CorrectionConfig(**config)), CPU, bootstrap=3)
     accumulator.update(make_chunk(batch, CPU, torch.float64))
     metrics = accumulator.compute().metrics

@@ -207,3 +207,45 @@ def test_joining_into_reused_host_buffers_copies_every_token_array() -> None:
     staging.begin()  # the first set again: its buffers are reused, not reallocated
     again = staging.join("old_log_probs", [whole.old_log_probs[:5]], np.dtype(np.float32))
     assert np.shares_memory(again, concat_rows([whole], staging.join).old_log_probs)
+
+
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[3], CONFIGS[6], {"semantics": "openrlhf", "family_fields": {
+    "is_correction_level": "token", "micro_train_batch_size": 2}}], ids=["default", "is", "rs", "openrlhf"])
+@pytest.mark.parametrize("by_step", [False, True], ids=["group", "group-and-step"])
+def test_interleaved_groups_fold_each_token_once_and_change_nothing(config: dict, by_step: bool,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # Rows of three environments interleaved row by row, over two steps: each combination of labels is folded
+    # once as a part that keeps its rows' file indices, and merges into its groups' states and the overall one
+    # (runner.Analysis.fold). The overall results are those of an analysis without --by, worst rows and
+    # bootstrap intervals included; each group's are those of its rows alone. A family that reads the rows'
+    # order (OpenRLHF's micro-batches) keeps analyzing each group's rows again.
+    old, rollout, mask = random_dump(17, rows=60)
+    env = np.array(["math", "code", "chat"], dtype=object)[np.arange(60) % 3]
+    steps = np.repeat([3, 4], 30)
+    whole = Batch(**{**vars(batch_from_padded(old, rollout, mask, steps=steps)), "groups": {"env": env}})
+    chunks = [whole.slice_rows(a, b) for a, b in ((0, 22), (22, 41), (41, 60))]
+    correction = resolve(CorrectionConfig(**config))
+    folded = []
+    update = BatchAccumulator.update
+
+    def counting(self: BatchAccumulator, chunk):  # noqa: ANN001, ANN202
+        folded.append(chunk.num_tokens)
+        return update(self, chunk)
+
+    monkeypatch.setattr(BatchAccumulator, "update", counting)
+    grouped = run(chunks, correction, device="cpu", dtype="float64", by_step=by_step, group_by=("env",))
+    once = sum(folded)
+    folded.clear()
+    plain = run(chunks, correction, device="cpu", dtype="float64")
+    order_free = "semantics" not in config
+    assert (once == sum(folded)) == order_free  # every token folded once, or again per group
+    for name in ("metrics", "rounds", "rounds_from_end", "intervals", "quantiles", "histograms", "worst_sequences",
+                 "what_if", "signatures", "notes"):
+        assert_same_tree(getattr(plain.overall, name), getattr(grouped.overall, name), 1e-12, name)
+    for label in ("math", "code", "chat") if order_free else ():  # micro-batches of a group's scattered rows
+        alone = run([whole.select_rows(env == label)], correction, device="cpu", dtype="float64", bootstrap=0)
+        got = grouped.groups["env"][label]
+        expected = {k: v for k, v in alone.overall.metrics.items() if k in got.metrics}
+        assert expected.keys() == got.metrics.keys()
+        assert_same_tree(expected, got.metrics, 1e-12, label)
+        assert_same_tree(alone.overall.rounds, got.rounds, 1e-12, f"{label} rounds")
