@@ -106,8 +106,11 @@ def _uniforms_numpy(key: int, row_numbers: np.ndarray, replicates: int) -> np.nd
 
 def _uniforms_torch(key: int, row_numbers: np.ndarray, replicates: int, device: torch.device) -> torch.Tensor:
     words = -(-replicates // LANES)
-    rows = torch.from_numpy(row_numbers.astype(np.int64)).to(device)
     count = len(row_numbers)
+    if count and int(row_numbers[-1]) - int(row_numbers[0]) == count - 1:  # consecutive: made on the device
+        rows = torch.arange(int(row_numbers[0]), int(row_numbers[0]) + count, dtype=torch.int64, device=device)
+    else:  # scattered rows (an interleaved --by part): a copy, which waits for the device
+        rows = torch.from_numpy(row_numbers.astype(np.int64)).to(device)
     row_hash = mix64(rows * GOLDEN + key)
     counters = torch.arange(1, words + 1, dtype=torch.int64, device=device) * GOLDEN
     hashed = mix64(row_hash[:, None] + counters[None, :])  # [B, words]

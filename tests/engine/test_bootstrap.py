@@ -49,6 +49,8 @@ def test_numpy_and_torch_paths_draw_the_same_uniforms() -> None:
         a = bs._uniforms_numpy(key, rows, k).astype(np.int64)
         b = bs._uniforms_torch(key, rows, k, CPU).numpy()
         assert np.array_equal(a, b)
+        scattered = rows[::3]  # an interleaved --by part's rows: copied to the device, not made there
+        assert np.array_equal(bs._uniforms_torch(key, scattered, k, CPU).numpy(), a[::3])
 
 
 def test_weights_are_poisson_one() -> None:
