@@ -218,7 +218,7 @@ class BootstrapAccumulator(Accumulator):
         if chunk.num_rows == 0:
             return
         features = self._row_features(chunk, decisions)
-        row_numbers = chunk.row_numbers()  # each row's weights hang on its index in the file, whatever the chunking
+        row_numbers = chunk.row_numbers  # each row's weights hang on its index in the file, whatever the chunking
         key = source_key(self.seed, chunk.source)
         device = features.device
         for start in range(0, chunk.num_rows, ROW_BLOCK):

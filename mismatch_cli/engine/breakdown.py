@@ -29,15 +29,6 @@ def labels(values: np.ndarray) -> np.ndarray:
     return labels
 
 
-def split_rows(batch: Batch, keys: np.ndarray) -> list[tuple[Any, Batch]]:
-    """The batch's rows grouped by `keys` (one label per row), in sorted label order."""
-    unique, inverse = np.unique(keys, return_inverse=True)
-    labels = [u.item() if isinstance(u, np.generic) else u for u in unique]
-    if len(unique) == 1:
-        return [(labels[0], batch)]
-    return [(label, batch.select_rows(inverse == i)) for i, label in enumerate(labels)]
-
-
 def pieces(keys: list[np.ndarray], rows: int) -> list[tuple[int, int]] | None:
     """The runs of consecutive rows with the same label in every column, as (start, stop); None past MAX_PIECES."""
     change = np.zeros(rows, dtype=bool)
@@ -75,16 +66,18 @@ def group_keys(batch: Batch, column: str) -> np.ndarray:
     return labels(values)
 
 
-def combined_parts(batch: Batch, keys: list[np.ndarray]) -> list[tuple[tuple[Any, ...], Batch]] | None:
+def combined_parts(batch: Batch, keys: list[np.ndarray], bounded: bool = True,
+                   ) -> list[tuple[tuple[Any, ...], Batch]] | None:
     """The batch's rows grouped by their labels in every column (one label per row each), in sorted label order,
-    each group a batch that keeps its rows' file indices; None when the combinations outnumber both MAX_PIECES
-    and the columns' labels together (each column's groups analyzed on their own then cost fewer folds)."""
+    each group a batch that keeps its rows' file indices; when `bounded`, None where the combinations outnumber
+    both MAX_PIECES and the columns' labels together (each column's groups analyzed on their own then cost
+    fewer folds)."""
     uniques, inverses = zip(*(np.unique(k, return_inverse=True) for k in keys), strict=True)
     code = np.zeros(batch.num_rows, dtype=np.int64)
     for unique, inverse in zip(uniques, inverses, strict=True):
         code = code * len(unique) + inverse.reshape(-1)
     combos, first, combo_of = np.unique(code, return_index=True, return_inverse=True)
-    if len(combos) > max(MAX_PIECES, sum(len(unique) for unique in uniques)):
+    if bounded and len(combos) > max(MAX_PIECES, sum(len(unique) for unique in uniques)):
         return None
     parts = []
     for i, row in enumerate(first.tolist()):
@@ -97,5 +90,4 @@ def _item(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-__all__ = ["MAX_GROUPS", "MAX_PIECES", "check_group_count", "combined_parts", "group_keys", "labels", "pieces",
-           "split_rows"]
+__all__ = ["MAX_GROUPS", "MAX_PIECES", "check_group_count", "combined_parts", "group_keys", "labels", "pieces"]

@@ -50,7 +50,8 @@ class Chunk:
     offsets: np.ndarray | None = None  # [B+1] row offsets over positions (host, from the reader)
     source: str = ""  # the file the rows come from
     first_row: int = 0  # row index, within `source`, of the chunk's row 0
-    rows: np.ndarray | None = None  # each row's index within `source` when they are scattered (Batch.rows)
+    # [B] int64 each row's index within `source` (Batch.row_numbers: scattered rows keep theirs)
+    row_numbers: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
     sequence_ids: np.ndarray | None = None  # [B] id column values, when the dump has one
     steps: np.ndarray | None = None  # [B] training step per row, when known
     process_index: np.ndarray | None = None  # [B] rank of the trainer process that held each row, when known
@@ -96,12 +97,6 @@ class Chunk:
         assert self.positions is not None
         index = flag_indices(self.positions[2], self.quality["masked_tokens"])
         return take(self.position_advantages, index).to(self.old.dtype)
-
-    def row_numbers(self) -> np.ndarray:
-        """int64 [B]: each row's index within `source`."""
-        if self.rows is not None:
-            return self.rows
-        return np.arange(self.first_row, self.first_row + self.num_rows, dtype=np.int64)
 
     @property
     def num_rows(self) -> int:
@@ -348,7 +343,7 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype, fused: bo
         offsets=batch.offsets,
         source=batch.source,
         first_row=batch.first_row,
-        rows=batch.rows,
+        row_numbers=batch.row_numbers(),
         sequence_ids=batch.sequence_ids,
         steps=batch.steps,
         process_index=batch.process_index,

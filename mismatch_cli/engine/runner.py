@@ -14,7 +14,7 @@ from mismatch_cli.batch import Batch, concat_rows
 from mismatch_cli.correction import ResolvedCorrection
 from mismatch_cli.engine.analysis import BatchAccumulator, BatchResult
 from mismatch_cli.engine.bootstrap import DEFAULT_REPLICATES
-from mismatch_cli.engine.breakdown import check_group_count, combined_parts, group_keys, labels, split_rows
+from mismatch_cli.engine.breakdown import check_group_count, combined_parts, group_keys, labels
 from mismatch_cli.engine.breakdown import pieces as find_pieces
 from mismatch_cli.engine.chunk import DEVICE_CHUNK_POSITIONS, MAX_CHUNK_POSITIONS, Chunk, bounded, make_chunk
 from mismatch_cli.engine.family import FamilyAccumulator
@@ -183,43 +183,28 @@ class Analysis:
         """Fold one bounded batch whose chunk is already made (several analyses may share one chunk)."""
         self.any_rows = True
         columns = self._breakdown_columns(batch)
-        pieces = find_pieces([keys for _, keys in columns], batch.num_rows)
         compute_dtype = DTYPES[self.dtype]
+        parts = self._parts(batch, [keys for _, keys in columns]) if columns else None
         if not columns:
             start_token_sums(chunk)  # the fused sweep, on its own thread while the first accumulators fold
             self.overall.update(chunk)
-        elif pieces is not None:
-            # Each run of rows of one step (and one value of each --by column) is folded once, into a fresh
-            # breakdown state that merges into its step's and groups' states and into the overall one, as a
-            # shard's state would: the same as a reader that had cut its chunks there.
-            for start, stop in pieces:
-                part = chunk if stop - start == batch.num_rows else make_chunk(
-                    batch.slice_rows(start, stop), self.device, compute_dtype, self.fused)
+        elif parts is not None:
+            # Each part is folded once, into a fresh breakdown state that merges into its step's and groups'
+            # states and into the overall one, as a shard's state would: the same as a reader that had cut
+            # its chunks there.
+            for labels_of_part, rows in parts:
+                part = chunk if rows is batch else make_chunk(rows, self.device, compute_dtype, self.fused)
                 start_token_sums(part)
                 shared = self._breakdown()
                 self.overall.update_from(part, shared, shared.update(part))
-                for states, keys in columns:
-                    self._state(states, keys[start]).merge(shared)
-        else:
-            # Rows of many labels interleaved. Where no family reads the rows' order (micro-batches, packs),
-            # each combination of labels is folded once, as a shard whose rows keep their file indices;
-            # otherwise each group's rows are analyzed again as a batch of their own.
-            order_free = self.overall.family is None and self.overall.trainer is None
-            parts = combined_parts(batch, [keys for _, keys in columns]) if order_free else None
-            if parts is not None:
-                for combination, rows in parts:
-                    part = make_chunk(rows, self.device, compute_dtype, self.fused)
-                    start_token_sums(part)
-                    shared = self._breakdown()
-                    self.overall.update_from(part, shared, shared.update(part))
-                    for (states, _), label in zip(columns, combination, strict=True):
-                        self._state(states, label).merge(shared)
-            else:
-                start_token_sums(chunk)
-                self.overall.update(chunk)
-                for states, keys in columns:
-                    for label, part in split_rows(batch, keys):
-                        self._state(states, label).update(make_chunk(part, self.device, compute_dtype, self.fused))
+                for (states, _), label in zip(columns, labels_of_part, strict=True):
+                    self._state(states, label).merge(shared)
+        else:  # a family reads the rows' order: each group's rows are analyzed again as a batch of their own
+            start_token_sums(chunk)
+            self.overall.update(chunk)
+            for states, keys in columns:
+                for (label,), part in combined_parts(batch, [keys], bounded=False) or ():
+                    self._state(states, label).update(make_chunk(part, self.device, compute_dtype, self.fused))
         if self.per_pack:
             pack = self.packs.setdefault(batch.source, FamilyAccumulator(self.correction.family_spec, self.device))
             pack.update(chunk, ChunkDecisions())
@@ -228,6 +213,18 @@ class Analysis:
         wanted = stats.wanted_examples(chunk.quality)
         if wanted:  # only chunks with flagged tokens pay for this, until the examples are collected
             stats.add_examples(quality_examples(batch, wanted, EXAMPLES_PER_CATEGORY))
+
+    def _parts(self, batch: Batch, keys: list[np.ndarray]) -> list[tuple[tuple[Any, ...], Batch]] | None:
+        """The batch's rows as parts of one label in every column, each to be folded once: its runs of
+        consecutive rows, or, where they are many and no family reads the rows' order (micro-batches, packs),
+        one part per combination of labels (rows keep their file indices); None: neither applies."""
+        runs = find_pieces(keys, batch.num_rows)
+        if runs is not None:
+            return [(tuple(k[start] for k in keys), batch if stop - start == batch.num_rows
+                     else batch.slice_rows(start, stop)) for start, stop in runs]
+        if self.overall.family is None and self.overall.trainer is None:
+            return combined_parts(batch, keys)
+        return None
 
     def _breakdown_columns(self, batch: Batch) -> list[tuple[dict[Any, BatchAccumulator], np.ndarray]]:
         """Per --by step / --by column: its states by label, and the batch's label per row."""

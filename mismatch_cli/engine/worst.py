@@ -80,7 +80,7 @@ class WorstSequences(Accumulator):
             payload = payload.to("cpu", non_blocking=True)  # into pinned memory, without waiting
             event = torch.cuda.Event()
             event.record(stream)
-        self.pending.append((payload, event, (chunk.source, chunk.row_numbers(), chunk.sequence_ids, chunk.steps)))
+        self.pending.append((payload, event, (chunk.source, chunk.row_numbers, chunk.sequence_ids, chunk.steps)))
         self._drain(wait=False)
 
     def _drain(self, wait: bool = True) -> None:

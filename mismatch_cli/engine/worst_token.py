@@ -38,7 +38,7 @@ class WorstTokens:
         values = self._host_picks(chunk) if on_host else self._device_picks(chunk)
         # On the host, the arrays that place a token at a resolve (CPU tensors); a device places its candidates.
         layout = chunk.layout if on_host else None
-        meta = {"file": chunk.source, "rows": chunk.row_numbers(), "offsets": chunk.offsets,
+        meta = {"file": chunk.source, "rows": chunk.row_numbers, "offsets": chunk.offsets,
                 "valid": layout.keep if layout is not None else None,
                 "starts": layout.starts if layout is not None else None,
                 "steps": chunk.steps, "ids": chunk.sequence_ids, "placed": not on_host,
