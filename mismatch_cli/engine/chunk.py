@@ -194,7 +194,8 @@ class Chunk:
             by_run = None
         else:
             # Multi-turn: the sums per round, which the rounds read, then per row as sums of its rounds.
-            runs = self.runs if self.layout is not None and self.runs.max_per_row > 1 else None
+            # The host knows the most rounds a row holds (the layout's count): no rounds built to ask it.
+            runs = self.runs if self.layout is not None and int(self.layout.max_rounds) > 1 else None
             low, high = (bound.item() for bound in _safe_ratio_bounds(self.old.dtype, self.old.device))
             segments = self.lengths if runs is None else runs.valid_tokens
             sums, derived = sweep.segment_sums(self.old.numpy(), self.rollout.numpy(), self.ratio.numpy(), low, high,
