@@ -48,47 +48,37 @@ class ImportanceAccumulator(Accumulator):
             self._update_sequence(chunk, decisions)
 
     def _update_token(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
-        if sweep.wanted(chunk.ratio_safe, chunk.fused):
-            self._fused_token(chunk, decisions)
-            return
-        s, upper = self.state, self.threshold.upper
-        lower_metric = self.threshold.metric_lower
+        s, threshold = self.state, self.threshold
         raw = chunk.ratio_safe
-        weight = self._apply(raw)
+        if sweep.wanted(raw, chunk.fused):  # the weights, their row sums and totals in one numba pass
+            weight, row_sums, totals = sweep.is_weights(raw, chunk.lengths, threshold.upper, threshold.lower,
+                                                        threshold.metric_lower)
+            chunk.remember_row_sum(weight, row_sums)  # the rounds and the bootstrap sum the weights per row too
+        else:
+            weight = self._apply(raw)
+            totals = self._token_totals(raw, weight)
         decisions.decide(is_token_weight=weight)
         s.add("tokens", float(chunk.num_tokens))
+        for key in ("sum_w", "sum_w_sq", "count_high", "count_low") + (("count_oob",) if threshold.icepop else ()):
+            s.add(key, totals[key])
+        if chunk.num_tokens:
+            s.max("max_w", totals["max_w"])
+            s.min("min_w", totals["min_w"])
+        self._rows(chunk, chunk.row_mean(weight), chunk.row_mean(raw))
+
+    def _token_totals(self, raw: torch.Tensor, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        """sweep.WEIGHT_SUMS by torch's passes: float64 sums, flags (counted by Reducer.add), extremes."""
+        upper = self.threshold.upper
         # float64 before squaring: std = sqrt(E[w^2] - E[w]^2) cancels badly for weights near 1.
         weight64 = weight.to(F64)
-        s.add("sum_w", weight64.sum())
-        # verl clamps to [0, U] before std / ESS; applied weights already lie there.
-        s.add("sum_w_sq", weight64.square().sum())
-        s.add("count_high", raw > upper)  # a bool tensor: counted by ops.total (numpy's count on the CPU)
-        s.add("count_low", raw < lower_metric)
+        totals = {"sum_w": weight64.sum(),
+                  "sum_w_sq": weight64.square().sum(),  # verl clamps to [0, U] before std / ESS: weights lie there
+                  "count_high": raw > upper, "count_low": raw < self.threshold.metric_lower}
         if self.threshold.icepop:
-            s.add("count_oob", (raw < self.threshold.lower) | (raw > upper))
-        if chunk.num_tokens:
-            s.max("max_w", weight.max())
-            s.min("min_w", weight.min())
-        row_mean = chunk.row_mean(weight)
-        raw_row_mean = chunk.row_mean(raw)
-        self._rows(chunk, row_mean, raw_row_mean)
-
-    def _fused_token(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
-        """The same, in one numba pass over the raw ratios (engine/sweep.py)."""
-        s, threshold = self.state, self.threshold
-        weight, row_sums, sums = sweep.is_weights(chunk.ratio_safe, chunk.lengths, threshold.upper, threshold.lower,
-                                                  threshold.metric_lower)
-        decisions.decide(is_token_weight=weight)
-        s.add("tokens", float(chunk.num_tokens))
-        for key in ("sum_w", "sum_w_sq", "count_high", "count_low"):
-            s.add(key, sums[key])
-        if threshold.icepop:
-            s.add("count_oob", sums["count_oob"])
-        if chunk.num_tokens:
-            s.max("max_w", sums["max_w"])
-            s.min("min_w", sums["min_w"])
-        chunk.remember_row_sum(weight, row_sums)  # the rounds and the bootstrap sum the weights per row too
-        self._rows(chunk, chunk.row_mean(weight), chunk.row_mean(chunk.ratio_safe))
+            totals["count_oob"] = (raw < self.threshold.lower) | (raw > upper)
+        if weight.numel():
+            totals["max_w"], totals["min_w"] = weight.max(), weight.min()
+        return totals
 
     def _update_sequence(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
         s, upper = self.state, self.threshold.upper

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -79,26 +80,14 @@ class RejectionAccumulator(Accumulator):
             is_k1 = bounds.option.is_k1
             stat = token_statistic(chunk, bounds.option.statistic)
             if bounds.option.level == "token":
-                if fused:
-                    sums = sweep.option_sums(stat, chunk.lengths, bounds.low, bounds.high, is_k1)
-                    chunk.remember_row_sum(stat, sums.row_sums)
-                    row_value = chunk.row_mean(stat, exact=self.exact_mask)
-                    reject, rejected_rows = sums.reject, self._fused_token_sums(chunk, bounds, sums)
-                else:
-                    row_value = chunk.row_mean(stat, exact=self.exact_mask)
-                    reject = ~bounds.keep(stat)
-                    clamped = stat.clamp(min=bounds.low, max=bounds.high).to(F64)  # float64: std cancels
-                    s.add(f"{name}:sum", stat)
-                    s.add(f"{name}:sum_c", clamped.sum())
-                    s.add(f"{name}:sum_c_sq", clamped.square().sum())
-                    s.add(f"{name}:count_high", stat > bounds.high)  # bool tensors: counted by ops.total
-                    if is_k1:
-                        s.add(f"{name}:count_low", stat < bounds.low)
-                    if chunk.num_tokens:
-                        s.max(f"{name}:max", stat.max())
-                        s.min(f"{name}:min", stat.min())
-                    s.add(f"{name}:rejected_tokens", reject)
-                    rejected_rows = chunk.row_count(reject) > 0
+                reject, rejected_rows, totals = self._token_option(chunk, bounds, stat, fused)
+                row_value = chunk.row_mean(stat, exact=self.exact_mask)
+                keys = ["sum", "sum_c", "sum_c_sq", "count_high", "rejected_tokens"] + (["count_low"] if is_k1 else [])
+                for key in keys:
+                    s.add(f"{name}:{key}", totals[key])
+                if chunk.num_tokens:
+                    s.max(f"{name}:max", totals["max"])
+                    s.min(f"{name}:min", totals["min"])
                 token_reject = reject if token_reject is None else token_reject | reject
             else:
                 reduction = bounds.option.reduction
@@ -139,18 +128,24 @@ class RejectionAccumulator(Accumulator):
         s.add("rejected_tokens", lost.sum())
         s.add("rejected_rows", (valid & (lost > 0)).sum())
 
-    def _fused_token_sums(self, chunk: Chunk, bounds: OptionBounds, fused: sweep.OptionSums) -> torch.Tensor:
-        """Fold a token-level option's totals from its one-pass kernel; the rows it rejects a token of."""
-        s, name = self.state, bounds.option.name
-        chunk.remember_row_sum(fused.reject, fused.row_rejects.to(F64))  # row_count of the flags, when alone
-        for key in ("sum", "sum_c", "sum_c_sq", "count_high", "rejected_tokens"):
-            s.add(f"{name}:{key}", fused.sums[key])
-        if bounds.option.is_k1:
-            s.add(f"{name}:count_low", fused.sums["count_low"])
-        if chunk.num_tokens:
-            s.max(f"{name}:max", fused.sums["max"])
-            s.min(f"{name}:min", fused.sums["min"])
-        return fused.row_rejects > 0
+    @staticmethod
+    def _token_option(chunk: Chunk, bounds: OptionBounds, stat: torch.Tensor, fused: bool,
+                      ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """A token-level option's rejected tokens, the rows it rejects a token of, and its totals (sweep.OPTION_SUMS:
+        numbers from the one-pass kernel, else float64 tensors and flags that Reducer.add sums)."""
+        if fused:
+            sums = sweep.option_sums(stat, chunk.lengths, bounds.low, bounds.high, bounds.option.is_k1)
+            chunk.remember_row_sum(stat, sums.row_sums)  # for the row means
+            chunk.remember_row_sum(sums.reject, sums.row_rejects.to(F64))  # row_count of the flags, when alone
+            return sums.reject, sums.row_rejects > 0, sums.sums
+        reject = ~bounds.keep(stat)
+        clamped = stat.clamp(min=bounds.low, max=bounds.high).to(F64)  # float64: the std cancels
+        totals: dict[str, Any] = {"sum": stat, "sum_c": clamped.sum(), "sum_c_sq": clamped.square().sum(),
+                                  "count_high": stat > bounds.high, "count_low": stat < bounds.low,
+                                  "rejected_tokens": reject}
+        if stat.numel():
+            totals["max"], totals["min"] = stat.max(), stat.min()
+        return reject, chunk.row_count(reject) > 0, totals
 
     def merge(self, other: RejectionAccumulator) -> None:
         """Fold another accumulator of the same configuration into this one."""
