@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache, cached_property
@@ -18,6 +17,7 @@ from mismatch_cli.engine.formulas import chi2_seq_terms, chi2_token_terms
 from mismatch_cli.engine.ops import (
     MAX_CHUNK_POSITIONS,
     flag_indices,
+    host_tensor,
     numpy_kernels,
     segment_count,
     segment_max,
@@ -301,10 +301,7 @@ def _safe_ratio_bounds(dtype: torch.dtype, device: torch.device) -> tuple[torch.
 
 
 def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    with warnings.catch_warnings():
-        # Arrow hands out read-only zero-copy arrays; we never write into them, so torch's warning is moot.
-        warnings.simplefilter("ignore", UserWarning)
-        tensor = torch.from_numpy(np.ascontiguousarray(array))
+    tensor = host_tensor(array)
     if device.type == "cuda":
         # Pinned host memory lets the copy run asynchronously: the GPU computes on this chunk while the
         # CPU (and the read-ahead threads) prepare the next one. Joined chunks already are (engine/staging.py).

@@ -4,6 +4,7 @@ than torch's on one thread), torch elsewhere; none of them waits for the device 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -174,6 +175,14 @@ def isfinite(values: torch.Tensor) -> torch.Tensor:
 
 
 _SCRATCH: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def host_tensor(array: np.ndarray) -> torch.Tensor:
+    """A CPU tensor over a numpy array, without a copy when it is contiguous (Arrow's read-only arrays included)."""
+    with warnings.catch_warnings():
+        # Arrow hands out read-only zero-copy arrays; we never write into them, so torch's warning is moot.
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(np.ascontiguousarray(array))
 
 
 def scratch(name: str, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

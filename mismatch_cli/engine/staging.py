@@ -8,11 +8,12 @@ leaves one host copy, and the copy to the device runs asynchronously from them.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
 import torch
+
+from mismatch_cli.engine.ops import host_tensor
 
 
 class Staging:
@@ -51,12 +52,9 @@ class Staging:
             buffers[role] = buffer
         out = buffer[:nbytes].view(dtype)
         target, start = torch.from_numpy(out), 0
-        with warnings.catch_warnings():
-            # Arrow hands out read-only zero-copy arrays; we only read them, so torch's warning is moot.
-            warnings.simplefilter("ignore", UserWarning)
-            for array in arrays:
-                target[start:start + len(array)].copy_(torch.from_numpy(np.ascontiguousarray(array)))
-                start += len(array)
+        for array in arrays:
+            target[start:start + len(array)].copy_(host_tensor(array))
+            start += len(array)
         return out
 
     def end(self) -> None:
