@@ -164,11 +164,14 @@ def main() -> None:
         if args.profile:
             profile = cProfile.Profile()
             profile.enable()
-            once(batches, FULL, args.device, args.chunk_positions, args.fused)
+            once(batches, CorrectionConfig() if args.config == "default" else FULL, args.device, args.chunk_positions,
+                 args.fused)
             profile.disable()
             pstats.Stats(profile).sort_stats("tottime").print_stats(25)
             continue
         best: dict[str, float] = {}
+        if args.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()  # this dump's peak, not the process's
         sweeps = {"both": ("1", "0"), "on": ("1",), "off": ("0",)}[args.gpu_sweep]
         for _ in range(args.repeats):
             for sweep in sweeps:

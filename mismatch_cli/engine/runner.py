@@ -170,8 +170,10 @@ class Analysis:
             if self._staging is None:
                 self._staging = Staging(self.device, self.chunk_positions)
             self._staging.begin()
-            self._fold(concat_rows(held, self._staging.join))
-            self._staging.end()
+            try:
+                self._fold(concat_rows(held, self._staging.join))
+            finally:  # the set is marked however the fold ended, so a later begin() waits for its copies
+                self._staging.end()
 
     def _fold(self, whole: Batch) -> None:
         compute_dtype = DTYPES[self.dtype]
@@ -274,7 +276,7 @@ class Analysis:
     def finish(self, source_names: tuple[str, ...] = ()) -> EngineResult:
         """Compute every metric; raise when the input as a whole has no row or no valid token."""
         self.flush()
-        self._staging = None  # its page-locked buffers go back now, not when the analysis is collected
+        self._staging = None  # its page-locked buffers go back to torch's pinned cache now, not at collection
         correction = self.correction
         names = source_names or tuple(self.sources)
         if not self.any_rows:
