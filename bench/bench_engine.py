@@ -7,11 +7,11 @@ Makes a `mismatch synth` dump per turn count (rows over 10 steps; kept in --work
 memory, then times `Analysis.update` + `finish` over those batches with the default and the full
 configuration (issue 23's: token IS with batch normalization, three RS options, `--by step`),
 alternating, one torch thread (as `analyze` runs). Prints Mtok/s per run and the best of each.
-`--fused` takes the fused CPU sweep (engine/sweep.py), as `analyze` does on inputs of 256 MiB or more;
+`--fused` takes the fused CPU sweep (engine/kernels/sweep.py), as `analyze` does on inputs of 256 MiB or more;
 its thread's CPU time counts (the clock is the process's CPU time).
 `--profile` prints cProfile's top functions of one full-configuration run instead (on CUDA: torch's
 profiler, with the host time of each accumulator's update, the kernels launched and the host waits per
-chunk). `--gpu-sweep both` alternates runs with the fused GPU sweep (engine/sweep_gpu.py) and without.
+chunk). `--gpu-sweep both` alternates runs with the fused GPU sweep (engine/kernels/sweep_gpu.py) and without.
 `--chunk-positions N` joins consecutive batches into chunks of up to N positions, as the GPU path does
 (default: the device's own setting). A benchmark, not a test.
 """
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from mismatch_cli.correction import CorrectionConfig, resolve
-from mismatch_cli.engine.chunk import DEVICE_CHUNK_POSITIONS
+from mismatch_cli.engine.core.chunk import DEVICE_CHUNK_POSITIONS
 from mismatch_cli.engine.runner import Analysis, resolve_device
 from mismatch_cli.io import ReadOptions, discover_inputs, iter_batches
 

@@ -61,7 +61,8 @@ print(float(kl), float(k3), float(chi2), float(torch.exp(-row).mean()))
 
 FLOOR = """
 import sys
-from mismatch_cli.engine import runner, sweep
+from mismatch_cli.engine import runner
+from mismatch_cli.engine.kernels import sweep
 fold = runner.Analysis._fold
 def skip(analysis, batch):  # fold one row of the first batch (a report needs a token), read the rest
     if not analysis.any_rows:

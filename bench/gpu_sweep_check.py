@@ -1,4 +1,4 @@
-"""The fused GPU sweep (engine/sweep_gpu.py) against torch's passes on the same GPU and numpy's on the CPU.
+"""The fused GPU sweep (engine/kernels/sweep_gpu.py) against torch's passes on the same GPU and numpy's on the CPU.
 
 Run on a machine with a GPU: `PYTHONPATH=.:tests python bench/gpu_sweep_check.py`. Every table of the
 report (metrics, rounds, quantiles, histograms, what-if, signatures, ...) of dirty dumps (zeros, repeats,
@@ -21,7 +21,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "engine")]
 from test_sweep import TABLES, dirty_batch  # noqa: E402
 
 from mismatch_cli.correction import CorrectionConfig, resolve  # noqa: E402
-from mismatch_cli.engine import sweep, sweep_gpu  # noqa: E402
+from mismatch_cli.engine.kernels import sweep, sweep_gpu  # noqa: E402
 from mismatch_cli.engine.runner import run  # noqa: E402
 
 FULL = CorrectionConfig(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="seq_mean_k1,token_k3",

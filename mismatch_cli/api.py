@@ -107,8 +107,8 @@ def analyze(
             # closing(): an error in the engine stops the read-ahead threads now, not when the iterator is collected.
             with closing(iter_batches(files, read_options, workers=read_workers)) as batches:
                 # torch is imported only when analysis really runs, while the read-ahead threads read the first batches
+                from mismatch_cli.engine.kernels.sweep import worth_it
                 from mismatch_cli.engine.runner import run
-                from mismatch_cli.engine.sweep import worth_it
 
                 observed = _observed(batches, on_batch) if on_batch is not None else batches
                 result = run(observed, resolved, device=device, dtype=dtype, by_step=by_step, source_names=names,

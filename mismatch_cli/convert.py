@@ -119,7 +119,7 @@ def convert(
     dtype: str = "float32",
 ) -> ConvertSummary:
     """Stream every input into one wide parquet file at `output`, written atomically."""
-    from mismatch_cli.engine.quality import EXCLUDED_CATEGORIES, quality_counts
+    from mismatch_cli.engine.core.quality import EXCLUDED_CATEGORIES, quality_counts
 
     if dtype not in FLOAT_TYPES:
         raise UsageError(f"unknown dtype '{dtype}'", hint="use float32 or float64")

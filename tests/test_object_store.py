@@ -22,7 +22,7 @@ from mismatch_cli.synth import SynthSpec, write_synthetic_dump  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # Everything a report says about the data (not about where it came from) must match exactly. The bootstrap
-# intervals are left out: each file's resampling weights are keyed by its name (engine/bootstrap.py), so
+# intervals are left out: each file's resampling weights are keyed by its name (engine/core/bootstrap.py), so
 # the same bytes under another name get other, equally valid, intervals.
 SAME = ("metrics", "summary", "steps", "groups", "rounds", "rounds_from_end", "quantiles", "histograms", "what_if")
 

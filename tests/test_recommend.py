@@ -13,7 +13,7 @@ import pytest
 from mismatch_cli.answers.recommend import invasiveness, recommend
 from mismatch_cli.api import analyze
 from mismatch_cli.correction import CorrectionConfig
-from mismatch_cli.engine.whatif import LADDER
+from mismatch_cli.engine.accumulators.whatif import LADDER
 from mismatch_cli.errors import InputError
 from mismatch_cli.report import Report
 from mismatch_cli.synth import SynthSpec, write_synthetic_dump

@@ -13,7 +13,7 @@ it changes, compared in this order:
    cap of 2.0 is `decoupled_token_is`), then the wider threshold (a higher TIS cap, a wider band, a
    smaller veto ratio).
 
-So, with the ladder of engine/whatif.py: token TIS at the highest cap that works, then token IcePop,
+So, with the ladder of engine/accumulators/whatif.py: token TIS at the highest cap that works, then token IcePop,
 then sequence TIS, then the sequence-level drops (IcePop, RS, veto) by the share of tokens they drop.
 Only settings the run's trainer family can express exactly are considered (`SUPPORTED`).
 """

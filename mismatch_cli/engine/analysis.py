@@ -8,13 +8,18 @@ from dataclasses import dataclass, field
 import torch
 
 from mismatch_cli.correction import ResolvedCorrection
-from mismatch_cli.engine.bootstrap import DEFAULT_REPLICATES, BootstrapAccumulator
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.diagnostics import DiagnosticsAccumulator
-from mismatch_cli.engine.family import FamilyAccumulator
-from mismatch_cli.engine.importance import ImportanceAccumulator
-from mismatch_cli.engine.offpolicy import OFFPOLICY_KEYS, OffPolicyAccumulator
-from mismatch_cli.engine.protocol import (
+from mismatch_cli.engine.accumulators.diagnostics import DiagnosticsAccumulator
+from mismatch_cli.engine.accumulators.family import FamilyAccumulator
+from mismatch_cli.engine.accumulators.importance import ImportanceAccumulator
+from mismatch_cli.engine.accumulators.offpolicy import OFFPOLICY_KEYS, OffPolicyAccumulator
+from mismatch_cli.engine.accumulators.rejection import RejectionAccumulator
+from mismatch_cli.engine.accumulators.rounds import RoundsAccumulator
+from mismatch_cli.engine.accumulators.signatures import SignaturesAccumulator
+from mismatch_cli.engine.accumulators.whatif import WhatIfAccumulator
+from mismatch_cli.engine.accumulators.worst import WorstSequences
+from mismatch_cli.engine.core.bootstrap import DEFAULT_REPLICATES, BootstrapAccumulator
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.protocol import (
     DIAG_PREFIX,
     TABLES,
     VERL_PREFIX,
@@ -23,12 +28,7 @@ from mismatch_cli.engine.protocol import (
     check_order,
     finite_or_none,
 )
-from mismatch_cli.engine.rejection import RejectionAccumulator
 from mismatch_cli.engine.replay import trainer_accumulator
-from mismatch_cli.engine.rounds import RoundsAccumulator
-from mismatch_cli.engine.signatures import SignaturesAccumulator
-from mismatch_cli.engine.whatif import WhatIfAccumulator
-from mismatch_cli.engine.worst import WorstSequences
 
 
 @dataclass

@@ -16,10 +16,10 @@ import math
 import torch
 
 from mismatch_cli.correction.areal import ArealSpec
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.ops import count, segment_max, segment_sum
-from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
-from mismatch_cli.engine.state import F64, Reducer, float32_fraction
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
+from mismatch_cli.engine.core.state import F64, Reducer, float32_fraction
+from mismatch_cli.engine.kernels.ops import count, segment_max, segment_sum
 
 PREFIX = "ppo_actor/update/"
 STOP = "prox_logp contains NaN or Inf with prox_logp_method='recompute'. This indicates computation failed."

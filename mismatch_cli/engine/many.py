@@ -16,7 +16,7 @@ import torch
 from mismatch_cli.batch import Batch
 from mismatch_cli.correction import ResolvedCorrection
 from mismatch_cli.engine.analysis import BatchResult
-from mismatch_cli.engine.chunk import MAX_CHUNK_POSITIONS, bounded, make_chunk
+from mismatch_cli.engine.core.chunk import MAX_CHUNK_POSITIONS, bounded, make_chunk
 from mismatch_cli.engine.runner import DTYPES, Analysis, EngineResult, resolve_device
 from mismatch_cli.errors import ConfigError, DataError, UsageError
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from mismatch_cli.correction.miles import MilesMisSpec, MilesSpec
-from mismatch_cli.engine.protocol import Contribution
+from mismatch_cli.engine.core.protocol import Contribution
 from mismatch_cli.engine.slime import ABS_DIFF, SlimeAccumulator, SlimeMisAccumulator, _row_sums
 
 KL = "train/train_rollout_kl"

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from mismatch_cli.correction.ms_swift import MsSwiftSpec
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.microbatch import MicroBatchRows
-from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
-from mismatch_cli.engine.state import F64, Reducer
+from mismatch_cli.engine.accumulators.microbatch import MicroBatchRows
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
+from mismatch_cli.engine.core.state import F64, Reducer
 
 PREFIX = "rollout_correction/"
 CLAMP = 20.0  # SAFETY_BOUND

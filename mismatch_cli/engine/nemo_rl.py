@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 
 from mismatch_cli.correction.nemo_rl import NemoRlSpec
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.ops import segment_sum
-from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
-from mismatch_cli.engine.state import Reducer, float32_fraction
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
+from mismatch_cli.engine.core.state import Reducer, float32_fraction
+from mismatch_cli.engine.kernels.ops import segment_sum
 
 
 def kl_terms(log_ratio: torch.Tensor, kl_type: str) -> torch.Tensor:

@@ -17,11 +17,11 @@ from __future__ import annotations
 import torch
 
 from mismatch_cli.correction.openrlhf import OpenrlhfSpec
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.microbatch import MicroBatchRows
-from mismatch_cli.engine.ops import segment_count, segment_sum
-from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
-from mismatch_cli.engine.state import F64, Reducer
+from mismatch_cli.engine.accumulators.microbatch import MicroBatchRows
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
+from mismatch_cli.engine.core.state import F64, Reducer
+from mismatch_cli.engine.kernels.ops import segment_count, segment_sum
 
 KEYS = ("train/vllm_kl", "train/is_filter_ratio")
 COLUMNS = ("tokens", "kl_sum", "filtered_tokens", "filtered_row")

@@ -17,10 +17,10 @@ import math
 import torch
 
 from mismatch_cli.correction.prime_rl import PrimeRlSpec
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.ops import segment_sum
-from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
-from mismatch_cli.engine.state import F64, Moments, Reducer
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
+from mismatch_cli.engine.core.state import F64, Moments, Reducer
+from mismatch_cli.engine.kernels.ops import segment_sum
 
 ALL = "mismatch_kl/all/"
 KL_KEYS = ("masked_mismatch_kl", "unmasked_mismatch_kl")  # per-sample means of mismatch_kl, in the compute dtype

@@ -21,12 +21,12 @@ from mismatch_cli.correction.skyrl import SkyrlSpec
 from mismatch_cli.correction.slime import SlimeMisSpec, SlimeSpec
 from mismatch_cli.correction.trl import TrlSpec
 from mismatch_cli.engine.areal import ArealAccumulator
+from mismatch_cli.engine.core.protocol import Accumulator
 from mismatch_cli.engine.miles import MilesAccumulator, MilesMisAccumulator
 from mismatch_cli.engine.ms_swift import MsSwiftAccumulator
 from mismatch_cli.engine.nemo_rl import NemoRlAccumulator
 from mismatch_cli.engine.openrlhf import OpenrlhfAccumulator
 from mismatch_cli.engine.prime_rl import PrimeRlAccumulator
-from mismatch_cli.engine.protocol import Accumulator
 from mismatch_cli.engine.skyrl import SkyrlAccumulator
 from mismatch_cli.engine.slime import SlimeAccumulator, SlimeMisAccumulator
 from mismatch_cli.engine.trl import TrlAccumulator

@@ -12,17 +12,17 @@ import torch
 
 from mismatch_cli.batch import Batch, concat_rows
 from mismatch_cli.correction import ResolvedCorrection
+from mismatch_cli.engine.accumulators.family import FamilyAccumulator
+from mismatch_cli.engine.accumulators.packs import merge_xtuner_packs
+from mismatch_cli.engine.accumulators.signatures import start_token_sums
 from mismatch_cli.engine.analysis import BatchAccumulator, BatchResult
-from mismatch_cli.engine.bootstrap import DEFAULT_REPLICATES
-from mismatch_cli.engine.breakdown import check_group_count, combined_parts, group_keys, labels
-from mismatch_cli.engine.breakdown import pieces as find_pieces
-from mismatch_cli.engine.chunk import DEVICE_CHUNK_POSITIONS, MAX_CHUNK_POSITIONS, Chunk, bounded, make_chunk
-from mismatch_cli.engine.family import FamilyAccumulator
-from mismatch_cli.engine.packs import merge_xtuner_packs
-from mismatch_cli.engine.protocol import ChunkDecisions
-from mismatch_cli.engine.quality import QUALITY_CATEGORIES, quality_examples
-from mismatch_cli.engine.signatures import start_token_sums
-from mismatch_cli.engine.staging import Staging
+from mismatch_cli.engine.core.bootstrap import DEFAULT_REPLICATES
+from mismatch_cli.engine.core.breakdown import check_group_count, combined_parts, group_keys, labels
+from mismatch_cli.engine.core.breakdown import pieces as find_pieces
+from mismatch_cli.engine.core.chunk import DEVICE_CHUNK_POSITIONS, MAX_CHUNK_POSITIONS, Chunk, bounded, make_chunk
+from mismatch_cli.engine.core.protocol import ChunkDecisions
+from mismatch_cli.engine.core.quality import QUALITY_CATEGORIES, quality_examples
+from mismatch_cli.engine.core.staging import Staging
 from mismatch_cli.errors import ConfigError, DataError, UsageError
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -138,7 +138,7 @@ class Analysis:
         self._held: list[Batch] = []
         self._held_positions = 0
         self._staging: Staging | None = None
-        self.fused = fused  # take the per-token sums from the fused CPU sweep where it runs (engine/sweep.py)
+        self.fused = fused  # take the per-token sums from the fused CPU sweep where it runs (engine/kernels/sweep.py)
 
     def _breakdown(self) -> BatchAccumulator:
         # Steps and groups report metrics and rounds only: no what-if, worst sequences or intervals.
@@ -335,7 +335,7 @@ def run(
     `by_step` also computes every step as its own batch, `group_by` every value of each named column
     (`Batch.groups`); each group is a full batch of its own, so token means of the groups combine to the
     overall token mean with the groups' valid-token counts as weights. `fused`: take the per-token sums
-    from the fused CPU sweep where it runs (engine/sweep.py; worth its start-up on large inputs only).
+    from the fused CPU sweep where it runs (engine/kernels/sweep.py; worth its start-up on large inputs only).
     """
     if threads:
         torch.set_num_threads(threads)

@@ -19,11 +19,11 @@ import math
 import torch
 
 from mismatch_cli.correction.skyrl import SkyrlSpec
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.microbatch import MicroBatchRows
-from mismatch_cli.engine.ops import segment_count, segment_max, segment_sum
-from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
-from mismatch_cli.engine.state import F64, Reducer
+from mismatch_cli.engine.accumulators.microbatch import MicroBatchRows
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
+from mismatch_cli.engine.core.state import F64, Reducer
+from mismatch_cli.engine.kernels.ops import segment_count, segment_max, segment_sum
 
 PREFIX = "policy/loss_metrics/"
 CLAMP = 20.0  # safe_exp_delta's clip

@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 
 from mismatch_cli.correction.slime import SlimeMisSpec, SlimeSpec
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.ops import F64, segment_max, segment_sum
-from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
-from mismatch_cli.engine.state import Reducer
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
+from mismatch_cli.engine.core.state import Reducer
+from mismatch_cli.engine.kernels.ops import F64, segment_max, segment_sum
 
 TRAIN = "train/"
 MIS = "train/mis_"

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from mismatch_cli.correction.trl import TrlSpec
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.ops import segment_sum
-from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
-from mismatch_cli.engine.state import Reducer
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
+from mismatch_cli.engine.core.state import Reducer
+from mismatch_cli.engine.kernels.ops import segment_sum
 
 LOGP = "sampling/sampling_logp_difference/"
 RATIO = "sampling/importance_sampling_ratio/"

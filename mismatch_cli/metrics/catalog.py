@@ -306,7 +306,7 @@ def _diagnostics() -> list[Metric]:
         diag("ess_seq_kish", "over valid rows, in (0, 1]", "fraction", HIGHER, "Kish's (Σw)² / (n Σw²), "
              "w = exp(clamp(S, ±20)) per row", label="ESS of raw sequence ratios", band=SEQ_ESS_BAND,
              practical_difference=ESS_DIFFERENCE),
-        # The bug signatures' numbers (engine/signatures.py; docs/report.md, "Findings").
+        # The bug signatures' numbers (engine/accumulators/signatures.py; docs/report.md, "Findings").
         diag("bitwise_equal_fraction", TOKEN_FRACTION, "fraction", NONE, "share of tokens with old == rollout "
              "bit for bit (1.0: the same tensor twice, or a deterministic-inference run)"),
         diag("temperature_slope", "least-squares slope over valid tokens", "ratio", CLOSER_TO_1,

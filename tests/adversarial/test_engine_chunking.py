@@ -129,7 +129,7 @@ def test_file_and_row_group_layout_does_not_change_the_report(tmp_path_factory, 
 def test_float32_sums_are_taken_in_float64() -> None:
     import torch
 
-    from mismatch_cli.engine.state import Reducer
+    from mismatch_cli.engine.core.state import Reducer
 
     reducer = Reducer(torch.device("cpu"))
     # 2^24 + 1 is no float32: a float32 sum of these three values gives 2^24, a float64 one 2^24 + 2.

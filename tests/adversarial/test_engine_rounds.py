@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 
 from mismatch_cli.batch import Batch
 from mismatch_cli.correction import CorrectionConfig, resolve
+from mismatch_cli.engine.kernels.sketch import bucket_midpoints
 from mismatch_cli.engine.runner import run
-from mismatch_cli.engine.sketch import bucket_midpoints
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30

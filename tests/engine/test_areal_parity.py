@@ -19,7 +19,7 @@ from helpers import case_batch as _batch
 
 from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.areal import STOP, ArealAccumulator, areal_keys
-from mismatch_cli.engine.chunk import make_chunk
+from mismatch_cli.engine.core.chunk import make_chunk
 from mismatch_cli.engine.runner import run
 from mismatch_cli.errors import ConfigError, DataError
 

@@ -12,11 +12,11 @@ from test_chunking import split
 from test_numpy_reference import random_dump
 
 from mismatch_cli.correction import CorrectionConfig, resolve
-from mismatch_cli.engine import bootstrap as bs
 from mismatch_cli.engine.analysis import BatchAccumulator
-from mismatch_cli.engine.bootstrap import BootstrapAccumulator, poisson_weights, source_key
-from mismatch_cli.engine.chunk import make_chunk
-from mismatch_cli.engine.protocol import ChunkDecisions
+from mismatch_cli.engine.core import bootstrap as bs
+from mismatch_cli.engine.core.bootstrap import BootstrapAccumulator, poisson_weights, source_key
+from mismatch_cli.engine.core.chunk import make_chunk
+from mismatch_cli.engine.core.protocol import ChunkDecisions
 from mismatch_cli.engine.runner import run
 
 CPU = torch.device("cpu")

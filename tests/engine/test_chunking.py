@@ -11,9 +11,9 @@ from test_numpy_reference import CONFIGS, random_dump
 from mismatch_cli.batch import Batch, concat_rows
 from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.analysis import BatchAccumulator
-from mismatch_cli.engine.chunk import make_chunk
+from mismatch_cli.engine.core.chunk import make_chunk
+from mismatch_cli.engine.core.staging import Staging
 from mismatch_cli.engine.runner import Analysis, _follows, run
-from mismatch_cli.engine.staging import Staging
 
 
 def split(batch: Batch, cuts: list[int]) -> list[Batch]:

@@ -16,7 +16,7 @@ import torch
 from helpers import REFERENCE, assert_same_tree, batch_from_padded, case_batch
 
 from mismatch_cli.correction import CorrectionConfig, resolve, resolve_family
-from mismatch_cli.engine.ops import segment_sum, segment_sum_torch, torch_kernels_on_cpu
+from mismatch_cli.engine.kernels.ops import segment_sum, segment_sum_torch, torch_kernels_on_cpu
 from mismatch_cli.engine.runner import run
 from mismatch_cli.io import ReadOptions, discover_inputs, iter_batches
 from mismatch_cli.synth import SynthSpec, write_synthetic_dump
@@ -119,7 +119,7 @@ def test_worst_tokens_placed_on_the_device_are_placed_as_on_the_host() -> None:
     # The device places its candidates itself (row, position, round) and defers their read across merges.
     from test_sweep import dirty_batch
 
-    from mismatch_cli.engine import sweep
+    from mismatch_cli.engine.kernels import sweep
 
     rounds = set()
     for seed in range(6):
@@ -177,9 +177,9 @@ def test_the_device_path_reads_the_host_only_where_planned(monkeypatch: pytest.M
                 analysis.update(batch)
             analysis.flush()
         device = analysis.finish()
-    planned = {"engine/segments.py:_layout_by_passes",  # the chunk's one combined count
-               "engine/worst.py:_drain",  # the worst rows, copied without waiting and read a chunk later
-               "engine/worst_token.py:resolve"}  # the worst tokens' candidates, once every 16 chunks
+    planned = {"engine/core/segments.py:_layout_by_passes",  # the chunk's one combined count
+               "engine/accumulators/worst.py:_drain",  # the worst rows, copied without waiting and read a chunk later
+               "engine/accumulators/worst_token.py:resolve"}  # the worst tokens' candidates, once every 16 chunks
     assert sites <= planned, sites - planned
     host = run(batches, resolve(config), device="cpu", dtype="float64", by_step=True)
     for name in TABLES:

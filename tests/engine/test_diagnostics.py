@@ -14,7 +14,7 @@ from test_numpy_reference import random_dump
 from mismatch_cli.batch import Batch
 from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.analysis import BatchAccumulator
-from mismatch_cli.engine.chunk import make_chunk
+from mismatch_cli.engine.core.chunk import make_chunk
 from mismatch_cli.engine.runner import run
 
 SIGNED = {"log_ratio_p001": 0.001, "log_ratio_p01": 0.01, "log_ratio_p50": 0.5, "log_ratio_median": 0.5,

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from mismatch_cli.engine.formulas import ess
+from mismatch_cli.engine.core.formulas import ess
 
 
 def _verl_ess(weights: np.ndarray) -> float:

@@ -17,7 +17,7 @@ from helpers import REFERENCE, close
 from helpers import case_batch as _batch
 
 from mismatch_cli.correction import CorrectionConfig, resolve
-from mismatch_cli.engine.chunk import make_chunk
+from mismatch_cli.engine.core.chunk import make_chunk
 from mismatch_cli.engine.ms_swift import MsSwiftAccumulator
 from mismatch_cli.engine.runner import run
 from mismatch_cli.errors import ConfigError, DataError

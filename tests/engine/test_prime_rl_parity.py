@@ -19,7 +19,7 @@ from helpers import REFERENCE, batch_from_padded, close
 from helpers import decode as _decode
 
 from mismatch_cli.correction import CorrectionConfig, resolve
-from mismatch_cli.engine.chunk import make_chunk
+from mismatch_cli.engine.core.chunk import make_chunk
 from mismatch_cli.engine.prime_rl import ADVANTAGES_NOTE, FRACTION_KEYS, PrimeRlAccumulator
 from mismatch_cli.engine.runner import run
 from mismatch_cli.errors import ConfigError, DataError, UsageError

@@ -8,13 +8,13 @@ import torch
 
 from mismatch_cli.batch import Batch
 from mismatch_cli.correction import CorrectionConfig, resolve
+from mismatch_cli.engine.accumulators.importance import ImportanceAccumulator
+from mismatch_cli.engine.accumulators.rejection import RejectionAccumulator
+from mismatch_cli.engine.accumulators.rounds import RoundsAccumulator
 from mismatch_cli.engine.analysis import BatchAccumulator
-from mismatch_cli.engine.bootstrap import BootstrapAccumulator
-from mismatch_cli.engine.chunk import make_chunk
-from mismatch_cli.engine.importance import ImportanceAccumulator
-from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, check_order
-from mismatch_cli.engine.rejection import RejectionAccumulator
-from mismatch_cli.engine.rounds import RoundsAccumulator
+from mismatch_cli.engine.core.bootstrap import BootstrapAccumulator
+from mismatch_cli.engine.core.chunk import make_chunk
+from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, check_order
 
 CPU = torch.device("cpu")
 

@@ -10,8 +10,8 @@ from test_chunking import assert_same, split
 
 from mismatch_cli.batch import Batch
 from mismatch_cli.correction import CorrectionConfig, resolve
+from mismatch_cli.engine.core.segments import find_runs
 from mismatch_cli.engine.runner import run
-from mismatch_cli.engine.segments import find_runs
 
 METRICS_ONLY = resolve(CorrectionConfig())
 

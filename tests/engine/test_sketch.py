@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mismatch_cli.engine.sketch import LogSketch
+from mismatch_cli.engine.kernels.sketch import LogSketch
 
 QS = [0.001, 0.01, 0.5, 0.9, 0.99, 0.999]
 
@@ -40,8 +40,8 @@ def test_groups_and_merge_are_order_free() -> None:
 
 
 def test_grouped_sketch_equals_dense_counts_however_split(monkeypatch) -> None:
-    import mismatch_cli.engine.sketch as sketch_module
-    from mismatch_cli.engine.sketch import GroupedSketch
+    import mismatch_cli.engine.kernels.sketch as sketch_module
+    from mismatch_cli.engine.kernels.sketch import GroupedSketch
 
     monkeypatch.setattr(sketch_module, "COMPACT_MIN", 4)  # compact after almost every add
     rng = np.random.default_rng(2)

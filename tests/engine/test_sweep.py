@@ -1,4 +1,4 @@
-"""The fused CPU sweep (engine/sweep.py) gives what the numpy passes give, on every kind of chunk."""
+"""The fused CPU sweep (engine/kernels/sweep.py) gives what the numpy passes give, on every kind of chunk."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from helpers import assert_same_tree
 
 from mismatch_cli.batch import Batch
 from mismatch_cli.correction import CorrectionConfig, resolve
-from mismatch_cli.engine import sweep
-from mismatch_cli.engine.chunk import make_chunk
+from mismatch_cli.engine.accumulators.signatures import FILL_LOG_RATIO, SLOPE_BINS, SLOPE_RANGE, TAIL_NATS, token_sums
+from mismatch_cli.engine.core.chunk import make_chunk
+from mismatch_cli.engine.kernels import sweep
 from mismatch_cli.engine.runner import run
-from mismatch_cli.engine.signatures import FILL_LOG_RATIO, SLOPE_BINS, SLOPE_RANGE, TAIL_NATS, token_sums
 
 pytestmark = pytest.mark.skipif(not sweep.available(), reason="numba is not installed")
 
@@ -151,7 +151,7 @@ def test_the_one_time_compile_is_said_once_and_quiet_under_q(tmp_path) -> None:
 
 
 def test_the_sweep_buckets_as_the_accumulators_do() -> None:
-    from mismatch_cli.engine import diagnostics, signatures
+    from mismatch_cli.engine.accumulators import diagnostics, signatures
 
     assert sweep.POSITION_BIN == diagnostics.POSITION_BIN
     assert sweep.OCTAVES == 2 * signatures.NUM_BUCKETS and 1 << (32 - sweep.OCTAVE_SHIFT) == sweep.OCTAVES
@@ -299,8 +299,8 @@ def test_the_what_if_candidates_in_one_pass_match_float64_by_hand() -> None:
 
 
 def test_the_rounds_catastrophic_count_takes_torchs_float32_boundary() -> None:
-    from mismatch_cli.engine.ops import count_in_segments
-    from mismatch_cli.engine.rounds import CATASTROPHIC_LOG_RATIO
+    from mismatch_cli.engine.accumulators.rounds import CATASTROPHIC_LOG_RATIO
+    from mismatch_cli.engine.kernels.ops import count_in_segments
 
     edge = np.float32(CATASTROPHIC_LOG_RATIO)  # torch compares a float32 tensor against the float rounded so
     values = np.array([np.nextafter(edge, np.float32(0)), edge, np.nextafter(edge, np.float32(np.inf)), 0.5, 30.0,
@@ -314,7 +314,7 @@ def test_the_rounds_catastrophic_count_takes_torchs_float32_boundary() -> None:
 
 
 def test_a_safe_log_ratio_is_the_log_ratio_only_where_the_clamp_changes_nothing() -> None:
-    from mismatch_cli.engine.rejection import token_statistic
+    from mismatch_cli.engine.accumulators.rejection import token_statistic
 
     cpu = torch.device("cpu")
     batch = dirty_batch(9, turns=2)
@@ -336,7 +336,7 @@ def test_a_safe_log_ratio_is_the_log_ratio_only_where_the_clamp_changes_nothing(
 
 
 def test_the_k3_statistic_reuses_the_chunks_exp_only_where_nothing_is_clamped() -> None:
-    from mismatch_cli.engine.rejection import token_statistic
+    from mismatch_cli.engine.accumulators.rejection import token_statistic
 
     batch = dirty_batch(10, turns=3)
     np.maximum(batch.old_log_probs, batch.rollout_log_probs - np.float32(19), out=batch.old_log_probs)

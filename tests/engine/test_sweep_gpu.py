@@ -1,4 +1,4 @@
-"""The fused GPU sweep (engine/sweep_gpu.py), run in Triton's interpreter on the CPU (CI has no GPU): the same
+"""The fused GPU sweep (engine/kernels/sweep_gpu.py), run in Triton's interpreter on the CPU (CI has no GPU): the same
 numbers as numpy's passes and as the fused CPU sweep, on every kind of chunk."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from helpers import assert_same_tree
 from test_sweep import TABLES, dirty_batch
 
 from mismatch_cli.correction import CorrectionConfig, resolve
-from mismatch_cli.engine import sweep, sweep_gpu
-from mismatch_cli.engine.chunk import _safe_ratio_bounds, make_chunk
-from mismatch_cli.engine.ops import torch_kernels_on_cpu
+from mismatch_cli.engine.accumulators.signatures import FILL_LOG_RATIO, SLOPE_BINS, SLOPE_RANGE, TAIL_NATS
+from mismatch_cli.engine.core.chunk import _safe_ratio_bounds, make_chunk
+from mismatch_cli.engine.kernels import sweep, sweep_gpu
+from mismatch_cli.engine.kernels.ops import torch_kernels_on_cpu
 from mismatch_cli.engine.runner import run
-from mismatch_cli.engine.signatures import FILL_LOG_RATIO, SLOPE_BINS, SLOPE_RANGE, TAIL_NATS
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
                                 reason="needs Triton, and a machine without a GPU (its interpreter runs here)")

@@ -8,8 +8,8 @@ from helpers import batch_from_padded
 from test_numpy_reference import random_dump
 
 from mismatch_cli.correction import CorrectionConfig, resolve
+from mismatch_cli.engine.accumulators.whatif import LADDER
 from mismatch_cli.engine.runner import run
-from mismatch_cli.engine.whatif import LADDER
 
 
 def spiky_dump(seed: int):

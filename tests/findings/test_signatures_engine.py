@@ -11,11 +11,11 @@ from helpers import batch_from_padded
 
 from mismatch_cli.batch import Batch
 from mismatch_cli.correction import CorrectionConfig, resolve
-from mismatch_cli.engine.chunk import make_chunk
-from mismatch_cli.engine.protocol import ChunkDecisions
+from mismatch_cli.engine.accumulators.signatures import SignaturesAccumulator
+from mismatch_cli.engine.accumulators.worst_token import WorstTokens
+from mismatch_cli.engine.core.chunk import make_chunk
+from mismatch_cli.engine.core.protocol import ChunkDecisions
 from mismatch_cli.engine.runner import run
-from mismatch_cli.engine.signatures import SignaturesAccumulator
-from mismatch_cli.engine.worst_token import WorstTokens
 
 SIGNATURE_KEYS = ("bitwise_equal_fraction", "temperature_slope", "best_fit_temperature", "shift_residual_ratio",
                   "constant_fill_fraction_old", "constant_fill_fraction_rollout", "k3_k1_ratio")

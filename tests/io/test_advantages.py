@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from mismatch_cli.engine.chunk import make_chunk
+from mismatch_cli.engine.core.chunk import make_chunk
 from mismatch_cli.errors import InputError
 from mismatch_cli.io import reader
 from mismatch_cli.io.options import ReadOptions

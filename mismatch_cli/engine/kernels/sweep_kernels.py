@@ -1,4 +1,4 @@
-"""The numba kernels' sources and signatures, compiled by engine/sweep.py (which is their Python face).
+"""The numba kernels' sources and signatures, compiled by engine/kernels/sweep.py (which is their Python face).
 
 Plain Python over numpy arrays, in the subset numba compiles; this module imports neither numba nor torch.
 Each kernel's inner loops are kept simple enough for LLVM to vectorize them (float64 sums of float32 terms,
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from mismatch_cli.engine.sketch import NUM_BUCKETS, SHIFT
+from mismatch_cli.engine.kernels.sketch import NUM_BUCKETS, SHIFT
 
 SKETCH_SIZE = 2 * NUM_BUCKETS  # the diagnostics' signed sketch of delta: the top bits of its float32 pattern
 OCTAVE_SHIFT, OCTAVES = 23, 512  # the signatures' signed octaves: sign and exponent of a float32 (signatures.py)

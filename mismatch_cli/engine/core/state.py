@@ -7,7 +7,7 @@ import math
 import numpy as np
 import torch
 
-from mismatch_cli.engine.ops import F64, total
+from mismatch_cli.engine.kernels.ops import F64, total
 
 
 class Reducer:

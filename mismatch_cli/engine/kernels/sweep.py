@@ -30,10 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from mismatch_cli.engine.ops import numpy_kernels
-from mismatch_cli.engine.quality import QUALITY_CATEGORIES
-from mismatch_cli.engine.sketch import NUM_BUCKETS
-from mismatch_cli.engine.sweep_kernels import KERNELS, OCTAVE_SHIFT, OCTAVES, POSITION_BIN, SKETCH_SIZE
+from mismatch_cli.engine.kernels.ops import numpy_kernels
+from mismatch_cli.engine.kernels.sketch import NUM_BUCKETS
+from mismatch_cli.engine.kernels.sweep_kernels import KERNELS, OCTAVE_SHIFT, OCTAVES, POSITION_BIN, SKETCH_SIZE
 
 # A process pays ~0.4 s to import numba and load the cached kernel, which the sweep repays (about 9 ns a token) on
 # inputs of this many bytes (~35M tokens of a float32 parquet dump); the decision is by input, never by chunk or
@@ -134,7 +133,7 @@ def wanted(values: torch.Tensor, asked: bool) -> bool:
 class TokenSums:
     """One chunk's token sums (SUMS), sketch counts of delta, signed |delta| octaves, tail slopes, position bins."""
 
-    sums: dict[str, float] | dict[str, torch.Tensor]  # floats, or 0-d float64 device tensors (engine/sweep_gpu.py)
+    sums: dict[str, float] | dict[str, torch.Tensor]  # floats, or 0-d float64 device tensors (sweep_gpu.py)
     sketch: torch.Tensor  # int64 [SKETCH_SIZE]: the diagnostics' signed sketch counts of delta
     octaves: torch.Tensor  # float64 [4, OCTAVES]: tokens, sum ratio_safe^2, sum ratio_safe, sum exp|delta|
     slopes: torch.Tensor  # float64 [slope bins]: tokens with old < -tail per bin of rollout / old
@@ -252,9 +251,10 @@ def round_sketches(abs_log_ratio: torch.Tensor, run_tokens: torch.Tensor, run_in
     return torch.from_numpy(from_start), torch.from_numpy(from_end), torch.from_numpy(over)
 
 
+# The data-quality categories (engine/core/quality.py says what each means), in the order the layout kernel writes
+# their counts (sweep_kernels._layout's last lines).
+QUALITY_CATEGORIES = ("nonfinite_tokens", "sentinel_tokens", "positive_logprob_tokens", "one_side_zero_tokens")
 LAYOUT_COUNTS = ("num_valid", "num_runs", "max_rounds", "masked_tokens", *QUALITY_CATEGORIES)
-# the layout kernel writes its quality counts in this order (sweep_kernels._layout's last lines)
-assert QUALITY_CATEGORIES == ("nonfinite_tokens", "sentinel_tokens", "positive_logprob_tokens", "one_side_zero_tokens")
 
 
 @dataclass(frozen=True)

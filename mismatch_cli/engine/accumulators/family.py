@@ -1,7 +1,7 @@
 """The older families (verl 0.6.0 / 0.6.1 / 0.7.0 / 0.7.1 IS, xtuner) as one streaming accumulator.
 
-Formulas: docs/legacy-semantics.md. The IS / RS / veto blocks live in `engine/family_blocks.py` and
-xtuner's per-pack block and pack merge in `engine/packs.py`; here is the accumulator that runs a
+Formulas: docs/legacy-semantics.md. The IS / RS / veto blocks live in `engine/accumulators/family_blocks.py` and
+xtuner's per-pack block and pack merge in `engine/accumulators/packs.py`; here is the accumulator that runs a
 family's blocks, driven by the fields of its `FamilySpec` (never by the family's name).
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 
 from mismatch_cli.correction import FamilySpec
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.family_blocks import Means, RatioBlock, VetoBlock
-from mismatch_cli.engine.offpolicy import OffPolicyAccumulator
-from mismatch_cli.engine.packs import PackMismatchBlock
-from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
+from mismatch_cli.engine.accumulators.family_blocks import Means, RatioBlock, VetoBlock
+from mismatch_cli.engine.accumulators.offpolicy import OffPolicyAccumulator
+from mismatch_cli.engine.accumulators.packs import PackMismatchBlock
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
 
 MISMATCH_NAMES = {
     "training_ppl": "mismatch_training_ppl",

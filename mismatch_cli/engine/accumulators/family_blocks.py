@@ -13,10 +13,10 @@ import numpy as np
 import torch
 
 from mismatch_cli.correction import SAFETY_BOUND, RatioBlockSpec, VetoSpec, threshold_log
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.protocol import ChunkDecisions
-from mismatch_cli.engine.sketch import LogSketch
-from mismatch_cli.engine.state import F64, Moments, Reducer, float32_fraction
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.protocol import ChunkDecisions
+from mismatch_cli.engine.core.state import F64, Moments, Reducer, float32_fraction
+from mismatch_cli.engine.kernels.sketch import LogSketch
 
 PERCENTILES = (("p25", 0.25), ("p50", 0.50), ("p75", 0.75), ("p95", 0.95), ("p99", 0.99))
 EXACT_PERCENTILE_CAP = 1 << 22  # raw weights kept for exact torch.quantile parity; beyond, the sketch

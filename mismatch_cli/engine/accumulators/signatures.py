@@ -24,13 +24,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from mismatch_cli.engine import sweep, sweep_gpu
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.ops import bincount, numpy_kernels, scratch, total
-from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution, finite_or_none
-from mismatch_cli.engine.state import F64, Reducer
-from mismatch_cli.engine.sweep import TokenSums
-from mismatch_cli.engine.worst_token import WorstTokens
+from mismatch_cli.engine.accumulators.worst_token import WorstTokens
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution, finite_or_none
+from mismatch_cli.engine.core.state import F64, Reducer
+from mismatch_cli.engine.kernels import sweep, sweep_gpu
+from mismatch_cli.engine.kernels.ops import bincount, numpy_kernels, scratch, total
+from mismatch_cli.engine.kernels.sweep import TokenSums
 
 # Octave buckets of |delta|: the float32 exponent field (a float64 one is mapped onto it, clamped), read from
 # the bits, which is several times cheaper than comparing with edges.

@@ -16,14 +16,14 @@ import numpy as np
 import torch
 
 from mismatch_cli.correction import SAFETY_BOUND
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.formulas import ess
-from mismatch_cli.engine.ops import bincount, count, numpy_kernels, scratch, segment_sum
-from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution, finite_or_none
-from mismatch_cli.engine.signatures import token_sums
-from mismatch_cli.engine.sketch import NUM_BUCKETS, SHIFT
-from mismatch_cli.engine.state import F64, Reducer
-from mismatch_cli.engine.sweep import TokenSums
+from mismatch_cli.engine.accumulators.signatures import token_sums
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.formulas import ess
+from mismatch_cli.engine.core.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution, finite_or_none
+from mismatch_cli.engine.core.state import F64, Reducer
+from mismatch_cli.engine.kernels.ops import bincount, count, numpy_kernels, scratch, segment_sum
+from mismatch_cli.engine.kernels.sketch import NUM_BUCKETS, SHIFT
+from mismatch_cli.engine.kernels.sweep import TokenSums
 
 SIGNED_LEVELS = (0.001, 0.01, 0.1, 0.5, 0.9, 0.99, 0.999)
 ABS_LEVELS = (0.5, 0.9, 0.99, 0.999, 0.9999)

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from mismatch_cli.batch import Batch
-from mismatch_cli.engine.ops import isfinite
+from mismatch_cli.engine.kernels.ops import isfinite
+from mismatch_cli.engine.kernels.sweep import QUALITY_CATEGORIES
 
 # Fill values such as -9999 (or -1e4, finfo.min) are no log-prob of a sampled token; -9000 also
 # catches -9999 after bf16 rounding (-9984).
@@ -33,7 +34,6 @@ def quality_counts(
 # probability of exactly 1 (log-prob 0.0) is legitimate for a confident token in bf16, and a tiny
 # positive log-prob is fp rounding in log-softmax, so dropping them would bias the metrics.
 EXCLUDED_CATEGORIES = ("nonfinite_tokens", "sentinel_tokens")
-QUALITY_CATEGORIES = ("nonfinite_tokens", "sentinel_tokens", "positive_logprob_tokens", "one_side_zero_tokens")
 
 
 def quality_flags(old: Any, rollout: Any, mask: Any) -> tuple[Any, dict[str, Any]]:

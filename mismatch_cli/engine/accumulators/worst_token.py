@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.ops import numpy_kernels
-from mismatch_cli.engine.state import F64
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.state import F64
+from mismatch_cli.engine.kernels.ops import numpy_kernels
 
 PENDING = 16  # chunks' candidates kept before one host read resolves them
 PICK = 7  # per kind: token index, delta, old, rollout, and (a device's) row, position and round

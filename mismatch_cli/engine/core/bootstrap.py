@@ -20,11 +20,11 @@ import numpy as np
 import torch
 
 from mismatch_cli.correction import SAFETY_BOUND
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.formulas import chi2, ess
-from mismatch_cli.engine.ops import count_in_segments, numpy_kernels
-from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
-from mismatch_cli.engine.state import F64
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.formulas import chi2, ess
+from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
+from mismatch_cli.engine.core.state import F64
+from mismatch_cli.engine.kernels.ops import count_in_segments, numpy_kernels
 
 DEFAULT_REPLICATES = 200
 MIN_INTERVAL_REPLICATES = 20  # fewer give no interval: the 2.5th and 97.5th percentiles of a handful are single draws

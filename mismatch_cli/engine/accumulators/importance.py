@@ -7,11 +7,11 @@ import math
 import torch
 
 from mismatch_cli.correction import SAFETY_BOUND, IsThreshold
-from mismatch_cli.engine import sweep
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.formulas import ess
-from mismatch_cli.engine.protocol import VERL_PREFIX, Accumulator, ChunkDecisions, Contribution
-from mismatch_cli.engine.state import F64, Moments, Reducer, float32_fraction
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.formulas import ess
+from mismatch_cli.engine.core.protocol import VERL_PREFIX, Accumulator, ChunkDecisions, Contribution
+from mismatch_cli.engine.core.state import F64, Moments, Reducer, float32_fraction
+from mismatch_cli.engine.kernels import sweep
 
 
 def _float32_log(value: float) -> float:

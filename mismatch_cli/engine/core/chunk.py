@@ -12,9 +12,11 @@ import torch
 
 from mismatch_cli.batch import Batch
 from mismatch_cli.correction import SAFETY_BOUND
-from mismatch_cli.engine import sweep, sweep_gpu
-from mismatch_cli.engine.formulas import chi2_seq_terms, chi2_token_terms
-from mismatch_cli.engine.ops import (
+from mismatch_cli.engine.core.formulas import chi2_seq_terms, chi2_token_terms
+from mismatch_cli.engine.core.segments import Layout, Runs, lay_out
+from mismatch_cli.engine.core.state import F64
+from mismatch_cli.engine.kernels import sweep, sweep_gpu
+from mismatch_cli.engine.kernels.ops import (
     MAX_CHUNK_POSITIONS,
     flag_indices,
     host_tensor,
@@ -25,11 +27,9 @@ from mismatch_cli.engine.ops import (
     take,
     total,
 )
-from mismatch_cli.engine.segments import Layout, Runs, lay_out
-from mismatch_cli.engine.state import F64
 
 # On a GPU a chunk costs more in kernel launches and Python than in kernels, so larger chunks go faster:
-# with the host buffers of engine/staging.py, 2^24 positions measured 1.5-2.2x the throughput of 2^22 on an
+# with the host buffers of engine/core/staging.py, 2^24 positions measured 1.5-2.2x the throughput of 2^22 on an
 # H200 (as fast as 2^25), with a peak of 1.9 GiB of GPU memory (docs/performance.md).
 DEVICE_CHUNK_POSITIONS = 1 << 24
 
@@ -62,7 +62,7 @@ class Chunk:
     # The dump's per-token advantages (compute dtype) of the valid tokens, and of every position; None without.
     advantages: torch.Tensor | None = None
     position_advantages: torch.Tensor | None = field(default=None, repr=False)
-    fused: bool = False  # take the per-token sums from the fused CPU sweep where it runs (engine/sweep.py)
+    fused: bool = False  # take the per-token sums from the fused CPU sweep where it runs (engine/kernels/sweep.py)
     # Results several accumulators share, by name (e.g. the fused sweep's token sums, signatures.token_sums).
     shared: dict[str, Any] = field(default_factory=dict, repr=False)
     # Per-row sums already taken, by the id of the per-token tensor (kept alive with it).
@@ -186,8 +186,8 @@ class Chunk:
 
     def fuse_row_sums(self) -> None:
         """Take the row sums and totals of old, rollout, the log-ratio, its magnitude, the safe ratio, its square
-        and k3 in one fused pass (engine/sweep.py, which on the CPU also yields the last four; on a GPU
-        engine/sweep_gpu.py), for `row_sum` and `total`."""
+        and k3 in one fused pass (engine/kernels/sweep.py, which on the CPU also yields the last four; on a GPU
+        engine/kernels/sweep_gpu.py), for `row_sum` and `total`."""
         if sweep_gpu.wanted(self.old):
             inputs = (self.old, self.rollout, self.ratio_safe, self.ratio_safe_sq, self.k3)
             rows = sweep_gpu.segment_sums(*inputs, self.lengths)  # [columns, B] on the device
@@ -304,7 +304,7 @@ def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
     tensor = host_tensor(array)
     if device.type == "cuda":
         # Pinned host memory lets the copy run asynchronously: the GPU computes on this chunk while the
-        # CPU (and the read-ahead threads) prepare the next one. Joined chunks already are (engine/staging.py).
+        # CPU (and the read-ahead threads) prepare the next one. Joined chunks already are (engine/core/staging.py).
         return (tensor if tensor.is_pinned() else tensor.pin_memory()).to(device, non_blocking=True)
     return tensor.to(device)
 

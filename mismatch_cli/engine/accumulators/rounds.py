@@ -11,13 +11,13 @@ import math
 
 import torch
 
-from mismatch_cli.engine import sweep
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.formulas import chi2
-from mismatch_cli.engine.ops import bincount, count_in_segments, repeat_segments
-from mismatch_cli.engine.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution
-from mismatch_cli.engine.sketch import DENSE_GROUPS, NUM_BUCKETS, GroupedSketch, LogSketch
-from mismatch_cli.engine.state import F64
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.formulas import chi2
+from mismatch_cli.engine.core.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution
+from mismatch_cli.engine.core.state import F64
+from mismatch_cli.engine.kernels import sweep
+from mismatch_cli.engine.kernels.ops import bincount, count_in_segments, repeat_segments
+from mismatch_cli.engine.kernels.sketch import DENSE_GROUPS, NUM_BUCKETS, GroupedSketch, LogSketch
 
 CATASTROPHIC_LOG_RATIO = math.log(1e4)  # a token ratio outside [1e-4, 1e4]
 P99 = 0.99
@@ -126,7 +126,7 @@ class RoundsAccumulator(Accumulator):
         size = runs.max_per_row
         sketches = None
         if 1 < size <= DENSE_GROUPS and sweep.wanted(chunk.abs_log_ratio, chunk.fused):
-            # Both tables' per-round sketches and the catastrophic tokens in one pass (engine/sweep.py), without
+            # Both tables' per-round sketches and the catastrophic tokens in one pass (engine/kernels/sweep.py), without
             # per-token round indices.
             sketches = sweep.round_sketches(chunk.abs_log_ratio, runs.valid_tokens, runs.index, runs.index_from_end,
                                             size, CATASTROPHIC_LOG_RATIO)

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import torch
 
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.state import Reducer
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.state import Reducer
 
 
 class PackMismatchBlock:

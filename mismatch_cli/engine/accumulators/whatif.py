@@ -22,13 +22,13 @@ import numpy as np
 import torch
 
 from mismatch_cli.correction import SAFETY_BOUND, RsOption
-from mismatch_cli.engine import sweep
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.formulas import ess
-from mismatch_cli.engine.ops import numpy_kernels, scratch, total
-from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
-from mismatch_cli.engine.rejection import OptionBounds, token_statistic
-from mismatch_cli.engine.state import F64
+from mismatch_cli.engine.accumulators.rejection import OptionBounds, token_statistic
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.formulas import ess
+from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
+from mismatch_cli.engine.core.state import F64
+from mismatch_cli.engine.kernels import sweep
+from mismatch_cli.engine.kernels.ops import numpy_kernels, scratch, total
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ class WhatIfAccumulator(Accumulator):
         is_candidate: torch.Tensor | None = None
         rest: tuple[torch.Tensor, torch.Tensor] | None = None
         if one_pass:
-            # The candidates and the others' weight sums in one pass (engine/sweep.py), summed directly: the more
+            # The candidates and the others' weight sums in one pass (kernels/sweep.py), summed directly: the more
             # exact of _rest_weights' two ways, so the fused and numpy paths may differ by the difference's error.
             index, *others = sweep.candidates(chunk.abs_log_ratio, chunk.ratio_safe, self.candidate_bound)
             rest = (others[0], others[1])

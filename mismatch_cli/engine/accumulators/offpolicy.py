@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.formulas import chi2
-from mismatch_cli.engine.protocol import VERL_PREFIX, Accumulator, ChunkDecisions, Contribution
-from mismatch_cli.engine.state import Reducer
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.formulas import chi2
+from mismatch_cli.engine.core.protocol import VERL_PREFIX, Accumulator, ChunkDecisions, Contribution
+from mismatch_cli.engine.core.state import Reducer
 
 OFFPOLICY_KEYS = (
     "training_ppl",

@@ -15,7 +15,7 @@ import math
 import numpy as np
 import torch
 
-from mismatch_cli.engine.ops import bincount
+from mismatch_cli.engine.kernels.ops import bincount
 
 SHIFT = 16
 NUM_BUCKETS = 1 << (31 - SHIFT)  # sign bit is 0 for non-negative values

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.ops import segment_max
-from mismatch_cli.engine.protocol import Accumulator, ChunkDecisions, Contribution
-from mismatch_cli.engine.state import F64
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
+from mismatch_cli.engine.core.state import F64
+from mismatch_cli.engine.kernels.ops import segment_max
 
 TOP_K = 10
 CRITERIA = {

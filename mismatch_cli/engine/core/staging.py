@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mismatch_cli.engine.ops import host_tensor
+from mismatch_cli.engine.kernels.ops import host_tensor
 
 
 class Staging:

@@ -21,7 +21,7 @@ from typing import Any, Self
 
 import torch
 
-from mismatch_cli.engine.chunk import Chunk
+from mismatch_cli.engine.core.chunk import Chunk
 
 VERL_PREFIX = "rollout_corr/"
 DIAG_PREFIX = "diag/"
@@ -78,7 +78,7 @@ class Contribution:
     histograms: dict[str, Any] = field(default_factory=dict)
     worst_sequences: list[dict] = field(default_factory=list)
     what_if: list[dict] = field(default_factory=list)
-    signatures: dict[str, Any] = field(default_factory=dict)  # what the findings read (engine/signatures.py)
+    signatures: dict[str, Any] = field(default_factory=dict)  # what the findings read (accumulators/signatures.py)
 
 
 TABLES = ("rounds", "rounds_from_end", "intervals", "quantiles", "histograms", "worst_sequences", "what_if",

@@ -4,7 +4,7 @@ Round k of a row is its k-th maximal run of 1s in the response mask. By passes, 
 sums and gathers over the positions (`ops` primitives: numpy on the CPU, torch on a device), so no
 loop over rows or tokens and no host round trip: the only host numbers (how many runs, the most per
 row) come with the chunk's one combined count. On the fused CPU path one numba pass over the positions
-finds the same (engine/sweep.py `layout`).
+finds the same (engine/kernels/sweep.py `layout`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from mismatch_cli.batch import Batch
-from mismatch_cli.engine import sweep
-from mismatch_cli.engine.ops import count, flag_indices, numpy_kernels, segment_count, take
-from mismatch_cli.engine.quality import QUALITY_CATEGORIES, SENTINEL_LOGPROB, quality_flags
+from mismatch_cli.engine.core.quality import QUALITY_CATEGORIES, SENTINEL_LOGPROB, quality_flags
+from mismatch_cli.engine.kernels import sweep
+from mismatch_cli.engine.kernels.ops import count, flag_indices, numpy_kernels, segment_count, take
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Layout:
     # [N_valid] each valid token's position, which places a worst token on a device (None: every one is valid, or a
     # CPU chunk laid out in one pass, whose worst tokens are placed from `keep`)
     valid_positions: torch.Tensor | None = None
-    found_runs: Runs | None = None  # the runs, when a fused pass found them with the rest (engine/sweep.py)
+    found_runs: Runs | None = None  # the runs, when a fused pass found them with the rest (engine/kernels/sweep.py)
 
     @staticmethod
     def build(mask: torch.Tensor, offsets: torch.Tensor, keep: torch.Tensor, row_positions: torch.Tensor) -> Layout:
@@ -110,7 +110,7 @@ Laid = tuple[torch.Tensor, Layout, dict[str, int], tuple[torch.Tensor, torch.Ten
 
 def lay_out(batch: Batch, positions: Positions, offsets: torch.Tensor, one_pass: bool) -> Laid:
     """A chunk's valid tokens per row, layout, quality counts and valid tokens' old and rollout values (None: every
-    position is one): in one fused pass over float32 CPU positions (`one_pass`, engine/sweep.py), else by passes
+    position is one): in one fused pass over float32 CPU positions (`one_pass`, engine/kernels/sweep.py), else by passes
     on the positions' device."""
     return _layout_in_one_pass(batch, positions, offsets) if one_pass else _layout_by_passes(batch, positions, offsets)
 
@@ -141,7 +141,7 @@ def _layout_by_passes(batch: Batch, positions: Positions, offsets: torch.Tensor)
 
 
 def _layout_in_one_pass(batch: Batch, positions: Positions, offsets: torch.Tensor) -> Laid:
-    """The same from the fused CPU pass over float32 positions (engine/sweep.py), runs and compaction included."""
+    """The same from the fused CPU pass over float32 positions (kernels/sweep.py), runs and compaction included."""
     old, rollout, mask = positions
     found = sweep.layout(old.numpy(), rollout.numpy(), mask.numpy(), batch.offsets, SENTINEL_LOGPROB)
     counts = found.counts

@@ -1,6 +1,6 @@
 """The fused GPU sweep: Triton kernels that take in a few launches what many torch kernels over a chunk took.
 
-The same sums as the fused CPU sweep (engine/sweep.py), on the device and with no host read: `token_sums`
+The same sums as the fused CPU sweep (engine/kernels/sweep.py), on the device and with no host read: `token_sums`
 takes every per-token sum, count and histogram the diagnostics and the signatures need (one kernel; the
 float sums as float64 partials per block of tokens, reduced in one more kernel, so they never depend on the
 order blocks run in; the histograms by atomic adds, whose float64 octave sums may differ in their last bits
@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from mismatch_cli.engine.ops import F64, numpy_kernels
-from mismatch_cli.engine.sketch import SHIFT
-from mismatch_cli.engine.sweep import SEGMENT_SUMS, SUMS, TokenSums
-from mismatch_cli.engine.sweep_kernels import OCTAVE_SHIFT, OCTAVES, SKETCH_SIZE
+from mismatch_cli.engine.kernels.ops import F64, numpy_kernels
+from mismatch_cli.engine.kernels.sketch import SHIFT
+from mismatch_cli.engine.kernels.sweep import SEGMENT_SUMS, SUMS, TokenSums
+from mismatch_cli.engine.kernels.sweep_kernels import OCTAVE_SHIFT, OCTAVES, SKETCH_SIZE
 
 BLOCK = 1024  # tokens per program of the token kernel
 ROW_BLOCK = 512  # tokens per step of a row's program in the segment kernel

@@ -8,10 +8,10 @@ from typing import Any
 import torch
 
 from mismatch_cli.correction import RsOption
-from mismatch_cli.engine import sweep
-from mismatch_cli.engine.chunk import Chunk
-from mismatch_cli.engine.protocol import VERL_PREFIX, Accumulator, ChunkDecisions, Contribution
-from mismatch_cli.engine.state import F64, Moments, Reducer, float32_fraction
+from mismatch_cli.engine.core.chunk import Chunk
+from mismatch_cli.engine.core.protocol import VERL_PREFIX, Accumulator, ChunkDecisions, Contribution
+from mismatch_cli.engine.core.state import F64, Moments, Reducer, float32_fraction
+from mismatch_cli.engine.kernels import sweep
 
 
 def token_statistic(chunk: Chunk, statistic: str) -> torch.Tensor:
