@@ -126,7 +126,7 @@ def _verl_fields(flags: CorrectionFlags) -> dict[str, Any]:
 
 def correction_from_flags(config_file: Path | None, flags: CorrectionFlags) -> CorrectionConfig:
     """The configuration the flags and the `--config` file's [correction] table ask for, validated now."""
-    from mismatch_cli.system.tomlconfig import load_table
+    from mismatch_cli.gate.configfile import load_table
 
     table = {} if config_file is None else load_table(config_file, "correction")
     semantics = flags.semantics.value if flags.semantics is not None else None

@@ -130,7 +130,7 @@ def compare(
 
 def _correction_given(correction_flags: CorrectionFlags, config: Path | None) -> bool:
     """Whether a correction was asked for (flags or a [correction] table): a report input cannot honour one."""
-    from mismatch_cli.system.tomlconfig import load_table
+    from mismatch_cli.gate.configfile import load_table
 
     return correction_flags.given() or bool(config is not None and load_table(config, "correction"))
 

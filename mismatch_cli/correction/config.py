@@ -6,13 +6,15 @@ table spell it); inside the package the same idea is called the family.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mismatch_cli.correction.model import VERL_FAMILIES, ResolvedCorrection
+from mismatch_cli.correction.model import VERL_FAMILIES, ReplayFamily, ResolvedCorrection
 from mismatch_cli.correction.older import OLDER_FIELDS, XTUNER, expand_preset, older_presets, resolve_older
 from mismatch_cli.correction.parse import positive_number, unknown_fields
-from mismatch_cli.correction.replay import FAMILIES, REPLAY_FAMILIES, check_trainer_fields
+from mismatch_cli.correction.registry import families, replay_families
 from mismatch_cli.correction.verl import (
     PRESETS,
     PRESETS_071,
@@ -25,20 +27,64 @@ from mismatch_cli.correction.verl import (
 )
 from mismatch_cli.errors import ConfigError, UsageError
 from mismatch_cli.system.numbers import NONE_WORDS
-from mismatch_cli.system.tomlconfig import CORRECTION_FIELDS, check_fields
+from mismatch_cli.system.tomlconfig import check_fields
 
-# The upstream fields each family accepts (its `[correction]` table takes them verbatim).
-FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
-    family: VERL_FIELDS if family in (*VERL_FAMILIES, "verl-0.7.1") else {
-        **OLDER_FIELDS, **{name: tuple(f.defaults) for name, f in REPLAY_FAMILIES.items()}}[family]
-    for family in FAMILIES
-}
 CONFIG_FIELDS = VERL_FIELDS  # CorrectionConfig's own fields (verl's names)
+# The `[correction]` table's fields of verl and the older families (upstream names, verbatim) and their TOML kinds;
+# each replayed trainer adds its own (ReplayFamily.kinds) in correction_table().
+MODEL_FIELDS: dict[str, str] = {
+    "semantics": "string",
+    "preset": "string",
+    "rollout_is": "string or bool",  # verl: token | sequence; verl 0.6.0: whether the loss uses the weights
+    "rollout_is_threshold": "threshold",
+    "rollout_is_batch_normalize": "bool",
+    "rollout_rs": "string",
+    "rollout_rs_threshold": "threshold",
+    "bypass_mode": "bool",
+    "loss_type": "string",
+    "k1_bounds": "string",
+    "mask_dtype": "string",
+    "rollout_rs_threshold_lower": "number",
+    "rollout_token_veto_threshold": "number",
+    "use_policy_gradient": "bool",
+    "rollout_is_level": "string",
+    "rollout_is_mode": "string",
+    "rollout_is_threshold_lower": "number",
+    "rollout_is_veto_threshold": "threshold",  # verl 0.6.0: a number; xtuner: (upper, lower)
+    "rollout_is_mask_threshold": "threshold",
+}
+
+
+@functools.cache
+def family_fields() -> dict[str, tuple[str, ...]]:
+    """The upstream fields each family accepts (its `[correction]` table takes them verbatim)."""
+    trainers = {name: tuple(f.defaults) for name, f in replay_families().items()}
+    return {family: VERL_FIELDS if family in (*VERL_FAMILIES, "verl-0.7.1") else {**OLDER_FIELDS, **trainers}[family]
+            for family in families()}
+
+
+@functools.cache
+def correction_table() -> dict[str, str]:
+    """Every field of every family's `[correction]` table and its TOML kind (the table tomlconfig checks)."""
+    fields = dict(MODEL_FIELDS)
+    for family in replay_families().values():
+        for name, kind in family.kinds.items():
+            if fields.setdefault(name, kind) != kind:
+                raise ValueError(f"{name} has two kinds: {fields[name]} and {kind} ({family.name})")
+    return fields
+
+
+def check_trainer_fields(family: ReplayFamily, fields: Mapping[str, Any]) -> None:
+    """Refuse a field the trainer does not have, naming the closest one and all of the family's (exit 2)."""
+    known = tuple(family.defaults)
+    unknown = [k for k in fields if k not in known]
+    if unknown:
+        raise unknown_fields(family.name, unknown, known)
 
 
 def field_home(name: str) -> str:
     """The families that take a field, in words ("verl-0.6.0, xtuner or xtuner-2025-12"); '' for none."""
-    homes = [family for family in FAMILIES if name in FAMILY_FIELDS[family]]
+    homes = [family for family in families() if name in family_fields()[family]]
     return ", ".join(homes[:-1]) + f" or {homes[-1]}" if len(homes) > 1 else "".join(homes)
 
 
@@ -92,7 +138,7 @@ class CorrectionConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as a JSON-ready mapping."""
-        if self.semantics in REPLAY_FAMILIES:  # the fields as the trainer resolves them, defaults included
+        if self.semantics in replay_families():  # the fields as the trainer resolves them, defaults included
             return resolve_family(self.semantics, dict(self.family_fields))[1]
         if self.semantics not in VERL_FAMILIES:
             return {"semantics": self.semantics, **expand_preset(self.semantics, self.family_fields)}
@@ -116,7 +162,8 @@ def settings_from_pairs(pairs: list[str], family: str) -> dict[str, Any]:
 
     Values stay text except booleans: the `[correction]` table's checks read numbers and "none" from text.
     """
-    allowed = FAMILY_FIELDS[family]
+    allowed = family_fields()[family]
+    table = correction_table()
     fields: dict[str, Any] = {}
     for pair_text in pairs:
         name, sep, value = pair_text.partition("=")
@@ -126,10 +173,10 @@ def settings_from_pairs(pairs: list[str], family: str) -> dict[str, Any]:
                               hint=f"e.g. {allowed[0]}=...; semantics {family} takes {', '.join(allowed)}")
         if name not in allowed:
             raise unknown_fields(family, [name], allowed)
-        typed: Any = value.lower() == "true" if CORRECTION_FIELDS.get(name) == "bool" and value.lower() in (
+        typed: Any = value.lower() == "true" if table.get(name) == "bool" and value.lower() in (
             "true", "false") else value
         try:
-            check_fields({name: typed}, f"semantics {family}:")
+            check_fields({name: typed}, table, f"semantics {family}:")
         except UsageError as error:
             error.hint = f"{error.hint}; semantics {family} takes {', '.join(allowed)}"
             raise
@@ -140,8 +187,8 @@ def settings_from_pairs(pairs: list[str], family: str) -> dict[str, Any]:
 def family_of(table: dict[str, Any], semantics: str | None, origin: str) -> str:
     """The family a `[correction]` table and an explicit `semantics` name (the explicit one wins)."""
     family = semantics if semantics is not None else str(table.get("semantics", "verl"))
-    if family not in FAMILIES:
-        raise ConfigError(f"{origin}: unknown semantics '{family}'", hint=f"use one of {', '.join(FAMILIES)}")
+    if family not in families():
+        raise ConfigError(f"{origin}: unknown semantics '{family}'", hint=f"use one of {', '.join(families())}")
     return family
 
 
@@ -153,7 +200,7 @@ def config_from_sources(table: dict[str, Any], fields: dict[str, Any], semantics
     if family not in VERL_FAMILIES:
         return CorrectionConfig(semantics=family, family_fields={**table, **fields})
     for key in table:
-        if key not in FAMILY_FIELDS["verl"] and field_home(key):
+        if key not in family_fields()["verl"] and field_home(key):
             home = field_home(key)
             raise ConfigError(f"{origin}: {key} is not a field of verl 0.9's [correction]",
                               hint=f"add semantics = \"{home.split(',')[0].split(' ')[0]}\" ({key} belongs to {home})")
@@ -165,7 +212,7 @@ def resolve(config: CorrectionConfig) -> ResolvedCorrection:
     """Validate a configuration the way its family's upstream code does and return what the engine needs."""
     family = config.semantics
     own = {name: getattr(config, name) for name in CONFIG_FIELDS}
-    check_fields(own if family in VERL_FAMILIES else config.family_fields, "CorrectionConfig:")
+    check_fields(own if family in VERL_FAMILIES else config.family_fields, correction_table(), "CorrectionConfig:")
     if family not in VERL_FAMILIES:
         return resolve_family(family, config.family_fields)[0]
     return resolve_verl(config.verl_fields, family)
@@ -187,9 +234,9 @@ def _mask_dtype(family: str, value: Any) -> str:
 
 
 def _check_family(family: str, fields: dict[str, Any]) -> None:
-    if family not in FAMILIES:
-        raise ConfigError(f"unknown semantics '{family}'", hint=f"use one of {', '.join(FAMILIES)}")
-    allowed = FAMILY_FIELDS[family]
+    if family not in families():
+        raise ConfigError(f"unknown semantics '{family}'", hint=f"use one of {', '.join(families())}")
+    allowed = family_fields()[family]
     wrong = [k for k in fields if k not in allowed]
     if wrong:
         homes = "; ".join(f"{k} belongs to {field_home(k) or 'no family'}" for k in wrong)
@@ -200,10 +247,13 @@ def resolve_family(family: str, fields: dict[str, Any]) -> tuple[ResolvedCorrect
     """Validate a family's upstream fields as its code does; return what the engine needs and the config."""
     # TOML has no null: "none" / "null" switch a field off (verl 0.6.0's veto is on by default).
     fields = {k: None if isinstance(v, str) and v.strip().lower() in NONE_WORDS else v for k, v in fields.items()}
-    if family in REPLAY_FAMILIES:  # a replayed trainer: its own keys only (docs/trainers.md)
-        check_trainer_fields(REPLAY_FAMILIES[family], fields)
-        settings, effective = REPLAY_FAMILIES[family].resolve(fields)
-        return ResolvedCorrection(None, None, False, trainer=settings, replay=True), {"semantics": family, **effective}
+    trainer = replay_families().get(family)
+    if trainer is not None:  # a replayed trainer: its own keys only (docs/trainers.md)
+        check_trainer_fields(trainer, fields)
+        settings, effective = trainer.resolve(fields)
+        resolved = ResolvedCorrection(None, None, False, trainer=settings, trainer_accumulator=trainer.accumulator,
+                                      replay=True)
+        return resolved, {"semantics": family, **effective}
     mask_dtype = _mask_dtype(family, fields.pop("mask_dtype", None))
     _check_family(family, fields)
     if family in VERL_FAMILIES:

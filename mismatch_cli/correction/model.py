@@ -29,7 +29,7 @@ RS_OPTIONS: tuple[str, ...] = (
 TOKEN_RS_OPTIONS = frozenset({"token_k1", "token_k2", "token_k3"})
 IS_LEVELS = ("token", "sequence")
 
-# The families mapped onto this correction model; the replayed trainers (correction/replay.py) follow them.
+# The families mapped onto this correction model; the replayed trainers (correction/registry.py) follow them.
 CORRECTION_FAMILIES = ("verl", "verl-0.8", "verl-0.7.1", "verl-0.7.0", "verl-0.6.1", "verl-0.6.0", "xtuner",
                        "xtuner-2025-12")
 # Families that take verl's `algorithm.rollout_correction` fields as CorrectionConfig fields (the others:
@@ -127,9 +127,29 @@ class FamilySpec:
     actor_recomputes_offpolicy: bool = False  # verl <= 0.7.1: the actor recomputes them on the RS-masked batch
 
 
+# The rows of `mismatch replay`: a concept each trainer may log under its own key (ReplayFamily.concepts).
+# Labels stay short (d = old - rollout log-prob; shares are fractions) so eight trainers fit beside them.
+CONCEPTS: dict[str, str] = {
+    "abs_diff": "mean |d|",
+    "kl": "KL estimate",
+    "chi2": "chi-square",
+    "weight_mean": "IS weight mean",
+    "truncated": "share truncated",
+    "masked": "share masked",
+    "dropped": "seqs dropped",
+}
+# The reasons trainers differ, in the order `replay` names them (ReplayFamily.traits); `estimator` says which
+# KL estimate a trainer logs for the `kl` concept.
+TRAITS = ("estimator", "sequence", "clamp", "reduction", "threshold")
+
+
 @dataclass(frozen=True)
 class ReplayFamily:
-    """A replayed trainer: its fields by its own names, how it resolves them, and how reports name it."""
+    """A replayed trainer: its fields by its own names, how it resolves them, its engine, keys and report names.
+
+    Each lives in a package of its own under `mismatch_cli/trainers/` (or a third party's, through the entry-point
+    group `mismatch_cli.trainers`) and `correction.registry` finds it; docs/architecture.md says how to add one.
+    """
 
     name: str  # the `semantics` value
     title: str  # e.g. "TRL 1.16.0 vLLM importance sampling"
@@ -141,6 +161,12 @@ class ReplayFamily:
     lead_keys: tuple[str, ...] = ()  # the keys Key metrics shows first
     concepts: Mapping[str, str] = field(default_factory=dict)  # replay's row concept -> this trainer's key
     traits: Mapping[str, str] = field(default_factory=dict)  # sequence / clamp / reduction / threshold, in words
+    # "module:name" of what builds the accumulator of the resolved settings (a class, or a function choosing one
+    # by the settings' type), imported only when a run needs it, so listing the trainers never imports torch;
+    # it is called as name(settings, device).
+    accumulator: str = ""
+    keys: str = ""  # the module whose FAMILY (a metrics.model.Family) and METRICS name the keys it logs
+    position: int = 1000  # where it is listed (replay's columns, --semantics, the docs): the built-ins first
 
 
 @dataclass(frozen=True)
@@ -156,9 +182,10 @@ class ResolvedCorrection:
     # verl 0.8 counts rollout_is_seq_fraction_high/low on the applied (truncated) per-sequence mean
     # weight; verl 0.9.0 (PR #6806) switched to the raw one.
     seq_fraction_weights: str = "raw"
-    # A replayed trainer's resolved settings (its class picks the accumulator in engine/replay.py); None when the
-    # trainer logs nothing for this configuration.
+    # A replayed trainer's resolved settings, folded by its accumulator ("module:Class", ReplayFamily.accumulator);
+    # None when the trainer logs nothing for this configuration.
     trainer: Any = None
+    trainer_accumulator: str = ""
     replay: bool = False  # a replayed trainer: its own keys only, none of verl's
 
     @property

@@ -216,7 +216,7 @@ def _xtuner(family: str, fields: dict[str, Any]) -> FamilySpec:
     return FamilySpec(family, "mismatch/", (block,), veto, veto_keys=True, valid_key=head, **packs)
 
 # `mismatch replay`'s xtuner column: xtuner's own defaults (rollout_is_threshold unset: metrics only, no weight).
-# Shaped like ReplayFamily.concepts / .traits (correction/replay.py). xtuner's rollout_is_mean is the mean of the
+# Shaped like ReplayFamily.concepts / .traits (correction/model.py). xtuner's rollout_is_mean is the mean of the
 # raw ratios, not of corrected weights, so weight_mean is not mapped.
 XTUNER_CONCEPTS: dict[str, str] = {
     "abs_diff": "mismatch/mismatch_logprob_abs_diff",

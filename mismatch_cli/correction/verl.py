@@ -181,7 +181,7 @@ def resolve_071(values: Mapping[str, Any]) -> ResolvedCorrection:
 # setting its docs lead with: token TIS at the default threshold 2.0 (recipe `decoupled_token_is`).
 VERL_REPLAY_FIELDS: dict[str, Any] = {"rollout_is": "token", "rollout_is_threshold": 2.0}
 VERL_REPLAY_NOTE = "its defaults turn no IS on: runs its documented token TIS (rollout_is=token, threshold 2.0)"
-# Shaped like ReplayFamily.concepts / .traits (correction/replay.py: CONCEPTS, TRAITS). verl logs no token mean of
+# Shaped like ReplayFamily.concepts / .traits (correction/model.py: CONCEPTS, TRAITS). verl logs no token mean of
 # |old - rollout| (log_ppl_abs_diff is a row mean of |mean d|, another quantity), so abs_diff is not mapped.
 VERL_CONCEPTS: dict[str, str] = {
     "kl": "rollout_corr/kl",

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mismatch_cli.correction import ResolvedCorrection
+from mismatch_cli.correction import ResolvedCorrection, make_accumulator
 from mismatch_cli.engine.accumulators.diagnostics import DiagnosticsAccumulator
 from mismatch_cli.engine.accumulators.family import FamilyAccumulator
 from mismatch_cli.engine.accumulators.importance import ImportanceAccumulator
@@ -28,7 +28,6 @@ from mismatch_cli.engine.core.protocol import (
     check_order,
     finite_or_none,
 )
-from mismatch_cli.engine.replay import trainer_accumulator
 
 
 @dataclass
@@ -82,7 +81,8 @@ class BatchAccumulator:
         # not at all), and replaces verl 0.9's IS keys with its own blocks.
         self.family = FamilyAccumulator(correction.family_spec, device) if correction.family_spec is not None else None
         # A replayed trainer (TRL, ...) reports its own keys only.
-        self.trainer = trainer_accumulator(correction.trainer, device)
+        self.trainer = None if correction.trainer is None else make_accumulator(
+            correction.trainer_accumulator, correction.trainer, device)
         self.offpolicy = OffPolicyAccumulator(device) if self.family is None and not correction.replay else None
         self.diagnostics = DiagnosticsAccumulator(device)
         # The what-if ladder and the worst sequences (the overall batch needs them; per-step ones may not).

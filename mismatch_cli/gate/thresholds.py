@@ -44,7 +44,7 @@ def load_check_config(path: Path | None) -> CheckConfig:
     """Read `[check]` (or `[tool.mismatch.check]`) from a TOML file; no file means no rules."""
     if path is None:
         return CheckConfig()
-    from mismatch_cli.system.tomlconfig import load_table
+    from mismatch_cli.gate.configfile import load_table
 
     table = load_table(path, "check")  # keys and types checked there
     if "fail_on" in table and "fail-on" in table:

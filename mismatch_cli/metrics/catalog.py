@@ -6,11 +6,12 @@ log-prob of a valid token, ratio = exp(d), a row's log-ratio sum S = Σ d over i
 
 from __future__ import annotations
 
+import importlib
 import math
 
-from mismatch_cli.correction import RS_OPTIONS
+from mismatch_cli.correction.model import RS_OPTIONS
+from mismatch_cli.correction.registry import replay_families
 from mismatch_cli.metrics.model import Band, Direction, Family, Metric
-from mismatch_cli.metrics.trainers import TRAINER_FAMILIES, TRAINER_METRICS
 
 LOWER, HIGHER, CLOSER_TO_1, LOWER_ABS, NONE = (Direction.LOWER, Direction.HIGHER, Direction.CLOSER_TO_1,
                                                Direction.LOWER_ABS, Direction.NONE)
@@ -81,6 +82,11 @@ OLD_IS = Family("importance sampling (verl 0.6.0 / xtuner)",
                 "`--semantics verl-0.6.0` / `xtuner` with IS on (`mismatch/`; metrics of the raw ratios)")
 DIAG = Family("diagnostics (mismatch)", "always (`diag/`)")
 ROUNDS = Family("per round (verl PR #5229)", "always (`per_round/`); one key per round index k")
+# Each replayed trainer's keys (its `keys` module: FAMILY, METRICS), once a module (slime, slime-mis share one).
+_KEY_MODULES = dict.fromkeys(family.keys for family in replay_families().values() if family.keys)
+_TRAINER_KEYS = [importlib.import_module(module) for module in _KEY_MODULES]
+TRAINER_FAMILIES: tuple[Family, ...] = tuple(module.FAMILY for module in _TRAINER_KEYS)
+TRAINER_METRICS: tuple[Metric, ...] = tuple(metric for module in _TRAINER_KEYS for metric in module.METRICS)
 FAMILIES = (OFFPOLICY, IS, VETO, RS_TOTAL, RS_OPTION, RS_OLD, OLD_OFFPOLICY, OLD_IS, *TRAINER_FAMILIES, DIAG, ROUNDS)
 
 # -------------------------------------------------------------------------------------- reductions

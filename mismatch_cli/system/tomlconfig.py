@@ -1,4 +1,5 @@
-"""The one reader of mismatch's TOML configuration: every table and field declared once, with its type.
+"""The one reader of mismatch's TOML configuration: the tables and their typed fields come from the layers that own
+them (`correction.correction_table()` for [correction], `gate.thresholds.CHECK_FIELDS` for [check]).
 
 A config file is `mismatch.toml` (tables at the top level) or a `pyproject.toml` (tables under
 `[tool.mismatch]`; the file's other tables belong to other tools and are ignored). An unknown table
@@ -10,11 +11,10 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mismatch_cli.correction.replay import replay_fields
 from mismatch_cli.errors import UsageError, close_names, did_you_mean
 from mismatch_cli.system.numbers import check_threshold_text, parse_number
 
@@ -74,31 +74,8 @@ EXAMPLES = {
     "rules": '{key} = ["rollout_corr/kl<=0.01"]',
 }
 
-# Every field of every family's [correction] (upstream names, verbatim), and of [check].
-CORRECTION_FIELDS: dict[str, str] = {
-    "semantics": "string",
-    "preset": "string",
-    "rollout_is": "string or bool",  # verl: token | sequence; verl 0.6.0: whether the loss uses the weights
-    "rollout_is_threshold": "threshold",
-    "rollout_is_batch_normalize": "bool",
-    "rollout_rs": "string",
-    "rollout_rs_threshold": "threshold",
-    "bypass_mode": "bool",
-    "loss_type": "string",
-    "k1_bounds": "string",
-    "mask_dtype": "string",
-    "rollout_rs_threshold_lower": "number",
-    "rollout_token_veto_threshold": "number",
-    "use_policy_gradient": "bool",
-    "rollout_is_level": "string",
-    "rollout_is_mode": "string",
-    "rollout_is_threshold_lower": "number",
-    "rollout_is_veto_threshold": "threshold",  # verl 0.6.0: a number; xtuner: (upper, lower)
-    "rollout_is_mask_threshold": "threshold",
-}
-CORRECTION_FIELDS.update(replay_fields())  # each replayed trainer's own fields (correction/replay.py)
-CHECK_FIELDS: dict[str, str] = {"fail_on": "rules", "fail-on": "rules", "baseline": "string", "missing": "string"}
-TABLES: dict[str, dict[str, str]] = {"correction": CORRECTION_FIELDS, "check": CHECK_FIELDS}
+# A config file's tables: table name -> field name -> kind (a key of KINDS).
+Tables = Mapping[str, Mapping[str, str]]
 
 
 def _close(name: str, known: list[str], spelled: str = "{}") -> str:
@@ -117,18 +94,18 @@ def check_value(kind: str, key: str, value: Any, where: str) -> None:
         raise UsageError(f"{where} {key} must be {words}, got {shown}", hint=f"write {example}")
 
 
-def check_fields(fields: dict[str, Any], where: str) -> None:
-    """Check the type of every set (non-None) correction field, as a config file's fields are checked."""
+def check_fields(fields: Mapping[str, Any], table: Mapping[str, str], where: str) -> None:
+    """Check the type of every set (non-None) field a table declares, as a config file's fields are checked."""
     for key, value in fields.items():
-        if value is not None and key in CORRECTION_FIELDS:
-            check_value(CORRECTION_FIELDS[key], key, value, where)
+        if value is not None and key in table:
+            check_value(table[key], key, value, where)
 
 
-def _root(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], str]:
+def _root(data: dict[str, Any], path: Path, tables: Tables) -> tuple[dict[str, Any], str]:
     """Our part of the file and how its tables are spelled: `[tool.mismatch.X]` or `[X]`."""
     tool = data.get("tool")
     if isinstance(tool, dict) and "mismatch" in tool:
-        ours = [k for k in data if k in TABLES]
+        ours = [k for k in data if k in tables]
         if ours:
             raise UsageError(f"{path} has both [{ours[0]}] and [tool.mismatch]",
                              hint="keep one of them: [tool.mismatch.*] in pyproject.toml, top-level tables elsewhere")
@@ -144,8 +121,9 @@ def _root(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], str]:
     return {k: v for k, v in data.items() if k != "tool"}, ""
 
 
-def load_config(path: str | Path) -> dict[str, dict[str, Any]]:
-    """Every table of a config file, checked (unknown tables and keys, value types); absent tables are empty."""
+def load_config(path: str | Path, tables: Tables) -> dict[str, dict[str, Any]]:
+    """Every table of a config file, checked against `tables` (unknown tables and keys, value types); absent
+    tables are empty."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
@@ -155,35 +133,29 @@ def load_config(path: str | Path) -> dict[str, dict[str, Any]]:
         raise UsageError(f"{path}: not a text (UTF-8) file", hint="pass a TOML file to --config") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: invalid TOML: {exc}", hint="fix the TOML syntax") from None
-    root, prefix = _root(data, path)
-    tables: dict[str, dict[str, Any]] = {name: {} for name in TABLES}
+    root, prefix = _root(data, path, tables)
+    found: dict[str, dict[str, Any]] = {name: {} for name in tables}
     for name, table in root.items():
-        if name not in TABLES:
-            homes = [t for t, fields in TABLES.items() if name in fields]
+        if name not in tables:
+            homes = [t for t, fields in tables.items() if name in fields]
             if homes:
                 raise UsageError(f"{path}: {name} must be inside a table, found it at the top level",
                                  hint=f"put it under [{prefix}{homes[0]}]")
             what = "table" if isinstance(table, dict) else "key"
-            known = ", ".join(f"[{prefix}{t}]" for t in TABLES)
+            known = ", ".join(f"[{prefix}{t}]" for t in tables)
             raise UsageError(f"{path}: unknown {what} [{prefix}{name}]" if what == "table"
                              else f"{path}: unknown top-level key {prefix}{name}",
-                             hint=f"{_close(name, list(TABLES), f'[{prefix}{{}}]')}a mismatch config has {known}")
+                             hint=f"{_close(name, list(tables), f'[{prefix}{{}}]')}a mismatch config has {known}")
         if not isinstance(table, dict):
             raise UsageError(f"{path}: {prefix}{name} must be a table", hint=f"write [{prefix}{name}] on its own line")
-        fields = TABLES[name]
+        fields = tables[name]
         for key, value in table.items():
             if key not in fields:
                 raise UsageError(f"{path}: unknown key {key} in [{prefix}{name}]",
                                  hint=f"{_close(key, list(fields))}[{prefix}{name}] takes {', '.join(fields)}")
             check_value(fields[key], key, value, f"{path}: [{prefix}{name}]")
-        tables[name] = dict(table)
-    return tables
+        found[name] = dict(table)
+    return found
 
 
-def load_table(path: str | Path, name: str) -> dict[str, Any]:
-    """The checked `[name]` table (or `[tool.mismatch.name]`) of a config file, empty when absent."""
-    return load_config(path)[name]
-
-
-__all__ = ["CHECK_FIELDS", "CORRECTION_FIELDS", "KINDS", "TABLES", "check_fields", "check_value", "load_config",
-           "load_table"]
+__all__ = ["KINDS", "Tables", "check_fields", "check_value", "load_config"]

@@ -7,10 +7,10 @@ import json
 import pytest
 from conftest import ROOT, assert_clean_failure, mismatch, snapshot
 
-from mismatch_cli.correction import FAMILY_FIELDS, CorrectionConfig, resolve
+from mismatch_cli.correction import CORRECTION_FIELDS, FAMILY_FIELDS, CorrectionConfig, resolve
 from mismatch_cli.errors import UsageError
+from mismatch_cli.gate.configfile import load_config
 from mismatch_cli.gate.thresholds import load_check_config
-from mismatch_cli.system.tomlconfig import CORRECTION_FIELDS, load_config
 
 DUMP = ROOT / "sample_data" / "single_turn.parquet"
 

@@ -18,10 +18,10 @@ from helpers import REFERENCE, close
 from helpers import case_batch as _batch
 
 from mismatch_cli.correction import CorrectionConfig, resolve
-from mismatch_cli.engine.areal import STOP, ArealAccumulator, areal_keys
 from mismatch_cli.engine.core.chunk import make_chunk
 from mismatch_cli.engine.runner import run
 from mismatch_cli.errors import ConfigError, DataError
+from mismatch_cli.trainers.areal.engine import STOP, ArealAccumulator, areal_keys
 
 DATA = json.loads((REFERENCE / "areal_parity_cases.json").read_text())
 CASES = DATA["cases"]

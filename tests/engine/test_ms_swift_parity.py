@@ -18,9 +18,9 @@ from helpers import case_batch as _batch
 
 from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.core.chunk import make_chunk
-from mismatch_cli.engine.ms_swift import MsSwiftAccumulator
 from mismatch_cli.engine.runner import run
 from mismatch_cli.errors import ConfigError, DataError
+from mismatch_cli.trainers.ms_swift.engine import MsSwiftAccumulator
 
 DATA = json.loads((REFERENCE / "ms_swift_parity_cases.json").read_text())
 CASES = DATA["cases"]

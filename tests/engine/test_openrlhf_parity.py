@@ -20,9 +20,9 @@ from helpers import decode as _decode
 
 from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.core.chunk import make_chunk
-from mismatch_cli.engine.openrlhf import OpenrlhfAccumulator
 from mismatch_cli.engine.runner import run
 from mismatch_cli.errors import ConfigError, DataError, UsageError
+from mismatch_cli.trainers.openrlhf.engine import OpenrlhfAccumulator
 
 DATA = json.loads((REFERENCE / "openrlhf_parity_cases.json").read_text())
 CASES = DATA["cases"]

@@ -20,9 +20,9 @@ from helpers import decode as _decode
 
 from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.core.chunk import make_chunk
-from mismatch_cli.engine.prime_rl import ADVANTAGES_NOTE, FRACTION_KEYS, PrimeRlAccumulator
 from mismatch_cli.engine.runner import run
 from mismatch_cli.errors import ConfigError, DataError, UsageError
+from mismatch_cli.trainers.prime_rl.engine import ADVANTAGES_NOTE, FRACTION_KEYS, PrimeRlAccumulator
 
 CASES = json.loads((REFERENCE / "prime_rl_parity_cases.json").read_text())["cases"]
 NUMERIC = [c for c in CASES if "error" not in c["fp64"]]

@@ -19,8 +19,8 @@ from helpers import case_batch as _batch
 from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.core.chunk import make_chunk
 from mismatch_cli.engine.runner import run
-from mismatch_cli.engine.skyrl import SkyrlAccumulator
 from mismatch_cli.errors import ConfigError, DataError
+from mismatch_cli.trainers.skyrl.engine import SkyrlAccumulator
 
 DATA = json.loads((REFERENCE / "skyrl_parity_cases.json").read_text())
 CASES = DATA["cases"]

@@ -16,9 +16,8 @@ import torch
 from helpers import REFERENCE, close
 from helpers import case_batch as _batch
 
-from mismatch_cli.correction import CorrectionConfig, resolve
+from mismatch_cli.correction import CorrectionConfig, make_accumulator, resolve
 from mismatch_cli.engine.core.chunk import make_chunk
-from mismatch_cli.engine.replay import trainer_accumulator
 from mismatch_cli.engine.runner import run
 from mismatch_cli.errors import ConfigError, DataError
 
@@ -47,7 +46,7 @@ def _ours(case: dict, dtype: str) -> tuple[dict, list[str]]:
     if not np.any(np.asarray(case["response_mask"])):
         with pytest.raises(DataError):  # a dump without a valid token is refused, as for every family
             run([batch], correction, device="cpu", dtype=dtype)
-        accumulator = trainer_accumulator(correction.trainer, torch.device("cpu"))
+        accumulator = make_accumulator(correction.trainer_accumulator, correction.trainer, torch.device("cpu"))
         accumulator.update(make_chunk(batch, torch.device("cpu"), DTYPES[dtype]), None)  # type: ignore[arg-type]
         part = accumulator.compute()
         return dict(part.family), part.notes

@@ -1,6 +1,6 @@
 """prime-rl's RL loss (commit 559b447): its `[trainer.loss]` fields, defaults and checks.
 
-The formulas (the trust-region masks, `mismatch_kl` and the per-sample keys) live in `engine/prime_rl.py`; the
+The formulas (the trust-region masks, `mismatch_kl` and the per-sample keys) live in `engine.py`; the
 semantics, with the upstream files and functions, in docs/prime-rl-semantics.md. Here is the data: the fields
 of prime-rl's `DefaultLossConfig` and `IPOLossConfig` by their own names, how pydantic validates the `loss`
 table against their union (the `type` tag picks the class, unknown fields are refused), the `PrimeRlSpec` the
@@ -96,6 +96,9 @@ def describe_prime_rl(config: Mapping[str, Any]) -> str:
 
 FAMILY = ReplayFamily(
     name="prime-rl",
+    accumulator="mismatch_cli.trainers.prime_rl.engine:PrimeRlAccumulator",
+    keys="mismatch_cli.trainers.prime_rl.keys",
+    position=50,
     title=f"prime-rl RL loss (commit {COMMIT[:9]})",
     source=PRIME_RL_SOURCE,
     defaults=PRIME_RL_DEFAULTS,

@@ -3,10 +3,10 @@
 Miles (radixark/miles) derives from slime: its policy loss calls the same TIS hooks (`vanilla_tis_function`,
 `icepop_function`, now in `loss_hub/corrections.py`) and ships the same MIS helper
 (`examples/infra_features/train_infer_mismatch_helper/mis.py`), with the same argparse fields and the same two
-refusals. So the fields are slime's and are resolved by `correction/slime.py`; what Miles adds lives here: its
+refusals. So the fields are slime's and are resolved by `trainers/slime/settings.py`; what Miles adds lives here: its
 hook paths, and the loss's own keys `train_rollout_kl` (k3 of rollout vs train, clamped) and `ess_ratio`, plus
-`train_rollout_logprob_abs_diff` with non-finite values zeroed. Formulas: `engine/miles.py` on top of
-`engine/slime.py`; semantics with upstream file, function and commit: docs/miles-semantics.md.
+`train_rollout_logprob_abs_diff` with non-finite values zeroed. Formulas: `engine.py` on top of
+`trainers/slime/engine.py`; semantics with upstream file, function and commit: docs/miles-semantics.md.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Any
 
 from mismatch_cli.correction.model import ReplayFamily
 from mismatch_cli.correction.parse import field_bool
-from mismatch_cli.correction.slime import FAMILY as SLIME
-from mismatch_cli.correction.slime import (
+from mismatch_cli.errors import ConfigError, did_you_mean
+from mismatch_cli.trainers.slime.settings import FAMILY as SLIME
+from mismatch_cli.trainers.slime.settings import (
     MIS_DEFAULTS,
     SLIME_DEFAULTS,
     SlimeMisSpec,
@@ -29,8 +30,7 @@ from mismatch_cli.correction.slime import (
     resolve_slime,
     resolve_slime_mis,
 )
-from mismatch_cli.correction.slime import MIS_FAMILY as SLIME_MIS
-from mismatch_cli.errors import ConfigError, did_you_mean
+from mismatch_cli.trainers.slime.settings import MIS_FAMILY as SLIME_MIS
 
 MILES_COMMIT = "31f1ca961a94cb860cec3b2dea34ec332bfa8f76"
 LOSS_FILE = "miles/backends/training_utils/loss_hub/losses.py"
@@ -119,6 +119,9 @@ _KL_TRAITS = {"estimator": "k3 of rollout vs train per token, its log-ratio clam
 
 FAMILY = ReplayFamily(
     name="miles",
+    accumulator="mismatch_cli.trainers.miles.engine:miles_accumulator",
+    keys="mismatch_cli.trainers.miles.keys",
+    position=90,
     title=f"Miles {MILES_COMMIT[:8]} TIS / IcePop (policy loss)",
     source=f"{LOSS_FILE}:policy_loss_function; loss_hub/corrections.py:vanilla_tis_function, icepop_function "
            f"(Miles {MILES_COMMIT[:8]})",
@@ -134,6 +137,9 @@ FAMILY = ReplayFamily(
 
 MIS_FAMILY = ReplayFamily(
     name="miles-mis",
+    accumulator="mismatch_cli.trainers.miles.engine:miles_accumulator",
+    keys="mismatch_cli.trainers.miles.keys",
+    position=91,
     title=f"Miles {MILES_COMMIT[:8]} MIS helper (examples/infra_features/train_infer_mismatch_helper)",
     source=f"{MIS_FILE}:compute_mis_weights, add_ppl_metrics; {LOSS_FILE}:policy_loss_function "
            f"(Miles {MILES_COMMIT[:8]})",

@@ -1,6 +1,6 @@
 """NeMo-RL's mismatch metrics in `ClippedPGLossFn`: its `ClippedPGLossConfig` fields, defaults and checks.
 
-The formulas (the token and sequence weights, truncation, the six keys) live in `engine/nemo_rl.py`; the
+The formulas (the token and sequence weights, truncation, the six keys) live in `engine.py`; the
 semantics, with upstream file, function and commit, in docs/nemo-rl-semantics.md. Here is the data: NeMo-RL's
 `loss_fn` field names and defaults (commit 7ea279ab), how `ClippedPGLossConfig` (pydantic) and
 `ClippedPGLossFn.__init__` / `__call__` refuse them, the `NemoRlSpec` the engine reads, and the family as
@@ -139,6 +139,9 @@ def describe_nemo_rl(config: Mapping[str, Any]) -> str:
 
 FAMILY = ReplayFamily(
     name="nemo-rl",
+    accumulator="mismatch_cli.trainers.nemo_rl.engine:NemoRlAccumulator",
+    keys="mismatch_cli.trainers.nemo_rl.keys",
+    position=40,
     title=f"NeMo-RL ClippedPGLossFn mismatch metrics ({NEMO_RL_COMMIT[:8]})",
     source=NEMO_RL_SOURCE,
     defaults=NEMO_RL_DEFAULTS,

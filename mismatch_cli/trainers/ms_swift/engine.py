@@ -1,6 +1,6 @@
 """ms-swift 4.6.0's `rollout_correction/*` keys, replayed per micro-batch and averaged as its `log` averages them.
 
-Formulas: docs/ms-swift-semantics.md; the settings come resolved as a `MsSwiftSpec` (`correction/ms_swift.py`). The
+Formulas: docs/ms-swift-semantics.md; the settings come resolved as a `MsSwiftSpec` (`settings.py`). The
 trainer computes its keys on each micro-batch of `per_device_train_batch_size` rows (dump order here), in the
 compute dtype, and `log` takes the float64 mean of each key's per-micro-batch values (the `_max` / `_min` keys too;
 a NaN in one micro-batch makes the key NaN). Every masked-in token is read whatever its value (`chunk.masked`);
@@ -16,11 +16,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mismatch_cli.correction.ms_swift import MsSwiftSpec
 from mismatch_cli.engine.accumulators.microbatch import MicroBatchRows
 from mismatch_cli.engine.core.chunk import Chunk
 from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.core.state import F64, Reducer
+from mismatch_cli.trainers.ms_swift.settings import MsSwiftSpec
 
 PREFIX = "rollout_correction/"
 CLAMP = 20.0  # SAFETY_BOUND

@@ -1,7 +1,7 @@
 """Miles's own train/rollout mismatch keys (`--semantics miles` and `miles-mis`), exactly as Miles logs them.
 
 Miles also logs every key of slime's families (`train/tis`, `train/mis_*`, `train/train_rollout_logprob_abs_diff`,
-`train/ois`), computed by the same functions; those keep their one entry in `metrics/trainers/slime.py`. Here
+`train/ois`), computed by the same functions; those keep their one entry in `trainers/slime/keys.py`. Here
 are the two keys Miles's policy loss adds.
 """
 

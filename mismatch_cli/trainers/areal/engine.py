@@ -1,6 +1,6 @@
 """AReaL 1.0.4's rejection-sampling keys (`ppo_actor/update/*`), replayed over the whole dump as one step.
 
-Formulas: docs/areal-semantics.md; the settings come resolved as an `ArealSpec` (`correction/areal.py`). The
+Formulas: docs/areal-semantics.md; the settings come resolved as an `ArealSpec` (`settings.py`). The
 proximal side is the dump's old log-probs (the rollout ones when `use_decoupled_loss` is off), the behaviour side
 the rollout log-probs. As AReaL does, the log-ratio, the weight and the KL metrics are float32 whatever the input
 dtype, a non-finite log-ratio counts as 0 for the weight, and `behave_approx_kl` is the raw difference in the
@@ -15,11 +15,11 @@ import math
 
 import torch
 
-from mismatch_cli.correction.areal import ArealSpec
 from mismatch_cli.engine.core.chunk import Chunk
 from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.core.state import F64, Reducer, float32_fraction
 from mismatch_cli.engine.kernels.ops import count, segment_max, segment_sum
+from mismatch_cli.trainers.areal.settings import ArealSpec
 
 PREFIX = "ppo_actor/update/"
 STOP = "prox_logp contains NaN or Inf with prox_logp_method='recompute'. This indicates computation failed."

@@ -1,7 +1,7 @@
 """ms-swift 4.6.0's rollout importance-sampling metrics: its GRPO argument fields, defaults and checks.
 
 The formulas (the thirteen diagnostic keys, the three correction keys, the per-micro-batch reduction) live in
-`engine/ms_swift.py`; the semantics, with the upstream file and methods, in docs/ms-swift-semantics.md. Here is the
+`engine.py`; the semantics, with the upstream file and methods, in docs/ms-swift-semantics.md. Here is the
 data: ms-swift's field names and defaults (`GRPOArgumentsMixin`'s three rollout fields, plus
 `per_device_train_batch_size`, which sets the micro-batches the keys are averaged over), how ms-swift refuses them,
 the `MsSwiftSpec` the engine reads, and the family as semantics `ms-swift` knows it.
@@ -94,6 +94,9 @@ def describe_ms_swift(config: Mapping[str, Any]) -> str:
 P = "rollout_correction/"
 FAMILY = ReplayFamily(
     name="ms-swift",
+    accumulator="mismatch_cli.trainers.ms_swift.engine:MsSwiftAccumulator",
+    keys="mismatch_cli.trainers.ms_swift.keys",
+    position=80,
     title="ms-swift 4.6.0 rollout importance sampling",
     source=MS_SWIFT_SOURCE,
     defaults=MS_SWIFT_DEFAULTS,

@@ -1,6 +1,6 @@
 """prime-rl's trainer-side mismatch keys: `mismatch_kl/all/*` over tokens and its loss's per-sample keys.
 
-Formulas: docs/prime-rl-semantics.md; the settings come resolved as a `PrimeRlSpec` (`correction/prime_rl.py`).
+Formulas: docs/prime-rl-semantics.md; the settings come resolved as a `PrimeRlSpec` (`settings.py`).
 prime-rl reads every loss-mask token whatever its value, so this accumulator works on the chunk's `masked` tokens
 (NaN and sentinel log-probs included), trainer log-probs = old, inference log-probs = rollout. Each dump row is
 one sample; one process and one step hold the whole dump.
@@ -16,11 +16,11 @@ import math
 
 import torch
 
-from mismatch_cli.correction.prime_rl import PrimeRlSpec
 from mismatch_cli.engine.core.chunk import Chunk
 from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.core.state import F64, Moments, Reducer
 from mismatch_cli.engine.kernels.ops import segment_sum
+from mismatch_cli.trainers.prime_rl.settings import PrimeRlSpec
 
 ALL = "mismatch_kl/all/"
 KL_KEYS = ("masked_mismatch_kl", "unmasked_mismatch_kl")  # per-sample means of mismatch_kl, in the compute dtype

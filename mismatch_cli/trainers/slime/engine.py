@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from mismatch_cli.correction.slime import SlimeMisSpec, SlimeSpec
 from mismatch_cli.engine.core.chunk import Chunk
 from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.core.state import Reducer
 from mismatch_cli.engine.kernels.ops import F64, segment_max, segment_sum
+from mismatch_cli.trainers.slime.settings import SlimeMisSpec, SlimeSpec
 
 TRAIN = "train/"
 MIS = "train/mis_"
@@ -239,4 +239,9 @@ class SlimeMisAccumulator(_LossKeys, Accumulator):
         return Contribution(family=values, notes=[OIS_NOTE])  # type: ignore[arg-type]
 
 
-__all__ = ["ABS_DIFF", "OIS", "SlimeAccumulator", "SlimeMisAccumulator"]
+def slime_accumulator(settings: SlimeSpec | SlimeMisSpec, device: torch.device) -> Accumulator:
+    """The accumulator of the settings slime or slime-mis resolved (slime-mis with its helper off is plain slime)."""
+    return (SlimeMisAccumulator if isinstance(settings, SlimeMisSpec) else SlimeAccumulator)(settings, device)
+
+
+__all__ = ["ABS_DIFF", "OIS", "SlimeAccumulator", "SlimeMisAccumulator", "slime_accumulator"]

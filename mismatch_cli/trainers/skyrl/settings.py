@@ -1,7 +1,7 @@
 """SkyRL 0.4.0's train-inference off-policy correction: its `OffPolicyCorrectionConfig` fields, defaults and checks.
 
 The formulas (token ratio, TIS caps, the outlier / token / sequence masks, the `policy/loss_metrics/*` keys and
-their per-micro-batch reduction) live in `engine/skyrl.py`; the semantics, with the upstream files and functions,
+their per-micro-batch reduction) live in `engine.py`; the semantics, with the upstream files and functions,
 in docs/skyrl-semantics.md. Here is the data: SkyRL's field names and defaults (the correction's own section,
 `trainer.algorithm.off_policy_correction`, plus the trainer's `micro_train_batch_size_per_gpu`, which sets how
 the keys are averaged), how SkyRL refuses them, the `SkyrlSpec` the engine reads, and the family as semantics
@@ -150,6 +150,9 @@ def describe_skyrl(config: Mapping[str, Any]) -> str:
 
 FAMILY = ReplayFamily(
     name="skyrl",
+    accumulator="mismatch_cli.trainers.skyrl.engine:SkyrlAccumulator",
+    keys="mismatch_cli.trainers.skyrl.keys",
+    position=20,
     title="SkyRL 0.4.0 off-policy correction",
     source=SKYRL_SOURCE,
     defaults=SKYRL_DEFAULTS,

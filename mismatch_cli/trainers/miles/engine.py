@@ -1,7 +1,7 @@
 """Miles's train/rollout mismatch keys (31f1ca96): slime's accumulators plus the policy loss's own Miles keys.
 
 Miles computes the TIS hook's keys and the MIS helper's keys exactly as slime does (the same functions, the same
-reducer), so both accumulators here are slime's (`engine/slime.py`), with the loss's own keys replaced by
+reducer), so both accumulators here are slime's (`trainers/slime/engine.py`), with the loss's own keys replaced by
 Miles's (docs/miles-semantics.md):
 
 * `train/train_rollout_logprob_abs_diff`: |old - rollout| with NaN and ±inf zeroed (`torch.nan_to_num`);
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from mismatch_cli.correction.miles import MilesMisSpec, MilesSpec
-from mismatch_cli.engine.core.protocol import Contribution
-from mismatch_cli.engine.slime import ABS_DIFF, SlimeAccumulator, SlimeMisAccumulator, _row_sums
+from mismatch_cli.engine.core.protocol import Accumulator, Contribution
+from mismatch_cli.trainers.miles.settings import MilesMisSpec, MilesSpec
+from mismatch_cli.trainers.slime.engine import ABS_DIFF, SlimeAccumulator, SlimeMisAccumulator, _row_sums
 
 KL = "train/train_rollout_kl"
 ESS = "train/ess_ratio"
@@ -81,4 +81,9 @@ class MilesMisAccumulator(_MilesLossKeys, SlimeMisAccumulator):
         return _with_loss_keys(super().compute())
 
 
-__all__ = ["ESS", "KL", "MilesAccumulator", "MilesMisAccumulator"]
+def miles_accumulator(settings: MilesSpec | MilesMisSpec, device: torch.device) -> Accumulator:
+    """The accumulator of the settings miles or miles-mis resolved (miles-mis with its helper off is plain Miles)."""
+    return (MilesMisAccumulator if isinstance(settings, MilesMisSpec) else MilesAccumulator)(settings, device)
+
+
+__all__ = ["ESS", "KL", "MilesAccumulator", "MilesMisAccumulator", "miles_accumulator"]

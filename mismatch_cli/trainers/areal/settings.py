@@ -1,7 +1,7 @@
 """AReaL 1.0.4's decoupled-PPO rejection sampling: its `PPOActorConfig` / `RejectionSamplingConfig` fields and checks.
 
 The formulas (the behaviour importance weight pi_prox / pi_behave, the ratio / k1 / k2 / k3 metric, token or
-sequence filtering by mask or clamp, and the `ppo_actor/update/*` keys) live in `engine/areal.py`; the semantics,
+sequence filtering by mask or clamp, and the `ppo_actor/update/*` keys) live in `engine.py`; the semantics,
 with the upstream files and functions, in docs/areal-semantics.md. Here is the data: AReaL's field names and
 defaults (the actor's `use_decoupled_loss` and `rejection_sampling`, then the six fields of
 `RejectionSamplingConfig`), how AReaL refuses them (`RejectionSamplingConfig.__post_init__`'s messages), the
@@ -119,6 +119,9 @@ def describe_areal(config: Mapping[str, Any]) -> str:
 P = "ppo_actor/update/"
 FAMILY = ReplayFamily(
     name="areal",
+    accumulator="mismatch_cli.trainers.areal.engine:ArealAccumulator",
+    keys="mismatch_cli.trainers.areal.keys",
+    position=60,
     title="AReaL 1.0.4 decoupled-PPO rejection sampling",
     source=AREAL_SOURCE,
     defaults=AREAL_DEFAULTS,

@@ -1,6 +1,6 @@
 """TRL 1.16.0's vLLM importance-sampling correction: its `GRPOConfig` fields, defaults and checks.
 
-The formulas (weights per mode, the five `sampling/*` keys) live in `engine/trl.py`; the semantics,
+The formulas (weights per mode, the five `sampling/*` keys) live in `engine.py`; the semantics,
 with the upstream file, method and line numbers, in docs/trl-semantics.md. Here is the data: TRL's
 field names and defaults, how `GRPOConfig.__post_init__` resolves and refuses them, the `TrlSpec`
 the engine reads, and the family as semantics `trl` knows it.
@@ -85,6 +85,9 @@ def describe_trl(config: Mapping[str, Any]) -> str:
 
 FAMILY = ReplayFamily(
     name="trl",
+    accumulator="mismatch_cli.trainers.trl.engine:TrlAccumulator",
+    keys="mismatch_cli.trainers.trl.keys",
+    position=10,
     title="TRL 1.16.0 vLLM importance sampling",
     source=TRL_SOURCE,
     defaults=TRL_DEFAULTS,

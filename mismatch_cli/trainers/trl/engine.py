@@ -1,7 +1,7 @@
 """TRL 1.16.0's vLLM importance-sampling correction: its weights per mode and its five `sampling/*` keys.
 
 Formulas: docs/trl-semantics.md (sections 3 and 4); the settings come resolved as a `TrlSpec`
-(`correction/trl.py`). TRL reads every masked-in token whatever its value, so this accumulator works on
+(`settings.py`). TRL reads every masked-in token whatever its value, so this accumulator works on
 the chunk's `masked` tokens, not on its valid ones: a NaN rollout log-prob is a log-ratio of 0 (weight 1)
 there, and ±inf become the dtype's extremes (torch's `nan_to_num`). Rows go to the process of the dump's
 `process_index` column (one process holding the dump without it).
@@ -14,11 +14,11 @@ import math
 import numpy as np
 import torch
 
-from mismatch_cli.correction.trl import TrlSpec
 from mismatch_cli.engine.core.chunk import Chunk
 from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.core.state import Reducer
 from mismatch_cli.engine.kernels.ops import segment_sum
+from mismatch_cli.trainers.trl.settings import TrlSpec
 
 LOGP = "sampling/sampling_logp_difference/"
 RATIO = "sampling/importance_sampling_ratio/"

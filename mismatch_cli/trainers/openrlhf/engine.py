@@ -1,6 +1,6 @@
 """OpenRLHF 0.11.2's `vllm_kl` and `is_filter_ratio`, replayed per micro-batch and averaged as OpenRLHF averages them.
 
-Formulas: docs/openrlhf-semantics.md; the settings come resolved as an `OpenrlhfSpec` (`correction/openrlhf.py`).
+Formulas: docs/openrlhf-semantics.md; the settings come resolved as an `OpenrlhfSpec` (`settings.py`).
 OpenRLHF computes both keys in its policy loss, once per micro-batch of `micro_train_batch_size` rows (dump order
 here; a short last micro-batch is dropped, as its DataLoader's `drop_last` does), rounds each to float32, weights
 it by the micro-batch's token count (the weighted value passes through a float32 all-reduce), and logs the
@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from mismatch_cli.correction.openrlhf import OpenrlhfSpec
 from mismatch_cli.engine.accumulators.microbatch import MicroBatchRows
 from mismatch_cli.engine.core.chunk import Chunk
 from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.core.state import F64, Reducer
 from mismatch_cli.engine.kernels.ops import segment_count, segment_sum
+from mismatch_cli.trainers.openrlhf.settings import OpenrlhfSpec
 
 KEYS = ("train/vllm_kl", "train/is_filter_ratio")
 COLUMNS = ("tokens", "kl_sum", "filtered_tokens", "filtered_row")

@@ -1,7 +1,7 @@
 """NeMo-RL's mismatch metrics of `ClippedPGLossFn`: its error metrics, its importance weights and their truncation.
 
 Formulas: docs/nemo-rl-semantics.md (sections 3 and 4); the settings come resolved as a `NemoRlSpec`
-(`correction/nemo_rl.py`). NeMo-RL reads every masked-in token whatever its value, so this accumulator works
+(`settings.py`). NeMo-RL reads every masked-in token whatever its value, so this accumulator works
 on the chunk's `masked` tokens: a NaN or infinite log-prob reaches its sums (the error metrics turn NaN or
 inf) while its importance weight is set to 0. One global batch holding one micro-batch: every key is a sum
 over the dump divided by the dump's token (or row) count.
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from mismatch_cli.correction.nemo_rl import NemoRlSpec
 from mismatch_cli.engine.core.chunk import Chunk
 from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.core.state import Reducer, float32_fraction
 from mismatch_cli.engine.kernels.ops import segment_sum
+from mismatch_cli.trainers.nemo_rl.settings import NemoRlSpec
 
 
 def kl_terms(log_ratio: torch.Tensor, kl_type: str) -> torch.Tensor:

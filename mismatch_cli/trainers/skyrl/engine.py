@@ -1,6 +1,6 @@
 """SkyRL 0.4.0's off-policy correction keys, replayed per micro-batch and averaged as SkyRL averages them.
 
-Formulas: docs/skyrl-semantics.md; the settings come resolved as a `SkyrlSpec` (`correction/skyrl.py`). SkyRL
+Formulas: docs/skyrl-semantics.md; the settings come resolved as a `SkyrlSpec` (`settings.py`). SkyRL
 runs its correction on each micro-batch of `micro_train_batch_size_per_gpu` rows (dump order here), logs one
 value per key per micro-batch, then takes the mean over micro-batches (a key ending in `_max` / `_min`: Python's
 max / min of the list). Every masked-in token is read whatever its value (`chunk.masked`), and the padding
@@ -18,12 +18,12 @@ import math
 
 import torch
 
-from mismatch_cli.correction.skyrl import SkyrlSpec
 from mismatch_cli.engine.accumulators.microbatch import MicroBatchRows
 from mismatch_cli.engine.core.chunk import Chunk
 from mismatch_cli.engine.core.protocol import Accumulator, ChunkDecisions, Contribution
 from mismatch_cli.engine.core.state import F64, Reducer
 from mismatch_cli.engine.kernels.ops import segment_count, segment_max, segment_sum
+from mismatch_cli.trainers.skyrl.settings import SkyrlSpec
 
 PREFIX = "policy/loss_metrics/"
 CLAMP = 20.0  # safe_exp_delta's clip

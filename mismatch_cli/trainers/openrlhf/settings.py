@@ -1,7 +1,7 @@
 """OpenRLHF 0.11.2's train/rollout log-prob mismatch correction: its `PolicyLoss` settings, defaults and checks.
 
 The formulas (the gated statistic, the mask / clip filter, `vllm_kl`, `is_filter_ratio` and their token-weighted
-reduction over micro-batches) live in `engine/openrlhf.py`; the semantics, with the upstream files and functions,
+reduction over micro-batches) live in `engine.py`; the semantics, with the upstream files and functions,
 in docs/openrlhf-semantics.md. Here is the data: the settings by `PolicyLoss`'s own parameter names (the arguments
 `algo.advantage.is_correction_*` and `actor.policy_loss_type` of openrlhf/cli/train_ppo_ray.py), plus
 `micro_train_batch_size` (the actor's name for `train.micro_batch_size`, which sets how the keys are averaged),
@@ -136,6 +136,9 @@ def describe_openrlhf(config: Mapping[str, Any]) -> str:
 
 FAMILY = ReplayFamily(
     name="openrlhf",
+    accumulator="mismatch_cli.trainers.openrlhf.engine:OpenrlhfAccumulator",
+    keys="mismatch_cli.trainers.openrlhf.keys",
+    position=70,
     title="OpenRLHF 0.11.2 train/rollout mismatch correction",
     source=OPENRLHF_SOURCE,
     defaults=OPENRLHF_DEFAULTS,

@@ -2,7 +2,7 @@
 
 `slime` is the policy loss's own importance-sampling hook (`vanilla_tis_function`, or `icepop_function`
 through `custom_tis_function_path`); `slime-mis` is the MIS helper of examples/train_infer_mismatch_helper
-(`compute_mis_weights_with_cp`). Both log through the same reducer. The formulas live in `engine/slime.py`;
+(`compute_mis_weights_with_cp`). Both log through the same reducer. The formulas live in `engine.py`;
 the semantics, with upstream file, function and commit, in docs/slime-semantics.md. Here: slime's argument
 names (argparse dest names, and the MIS config file's keys) and defaults, how slime refuses them, the settings
 the engine reads, and the two families.
@@ -211,6 +211,9 @@ _REDUCTION = ("per sample: mean over its loss-mask tokens, then sum over samples
 
 FAMILY = ReplayFamily(
     name="slime",
+    accumulator="mismatch_cli.trainers.slime.engine:slime_accumulator",
+    keys="mismatch_cli.trainers.slime.keys",
+    position=30,
     title=f"slime {SLIME_COMMIT[:8]} TIS / IcePop (policy loss)",
     source=f"{LOSS_FILE}:vanilla_tis_function, icepop_function, policy_loss_function (slime {SLIME_COMMIT[:8]})",
     defaults=SLIME_DEFAULTS,
@@ -228,6 +231,9 @@ FAMILY = ReplayFamily(
 
 MIS_FAMILY = ReplayFamily(
     name="slime-mis",
+    accumulator="mismatch_cli.trainers.slime.engine:slime_accumulator",
+    keys="mismatch_cli.trainers.slime.keys",
+    position=31,
     title=f"slime {SLIME_COMMIT[:8]} MIS helper (examples/train_infer_mismatch_helper)",
     source=f"{MIS_FILE}:compute_mis_weights, add_ppl_metrics (slime {SLIME_COMMIT[:8]})",
     defaults=MIS_DEFAULTS,
