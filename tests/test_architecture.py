@@ -1,5 +1,5 @@
-"""The package's shape: no import cycle, a correction model that knows no CLI flag, an engine that never
-branches on a family's name."""
+"""The package's shape: no import cycle, a correction model that knows no CLI flag, an engine in layers that never
+branches on a family's name, and the replayed trainers as one package each that the core never names."""
 
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def test_the_correction_model_names_fields_not_flags() -> None:
 
 
 def test_the_engine_never_compares_family_names() -> None:
-    found = [f"{path.name}:{line}: {text!r}" for path in sorted((PACKAGE / "engine").glob("*.py"))
+    found = [f"{path.relative_to(PACKAGE)}:{line}: {text!r}" for path in sorted((PACKAGE / "engine").rglob("*.py"))
              for line, text in _strings(path) if text in FAMILIES]
     assert not found, f"the engine branches on family names: {found}"
 
@@ -193,23 +193,121 @@ def test_the_layer_check_sees_a_violation() -> None:
 
 
 
+def _docstring(package: str) -> str:
+    return ast.get_docstring(ast.parse((PACKAGE / package.replace(".", "/") / "__init__.py").read_text())) or ""
+
+
 def _allowed(package: str) -> set[str] | None:
-    """The `May import:` line of a package's docstring, as top-level names (None when it has none)."""
-    doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text())) or ""
-    line = next((line for line in doc.splitlines() if line.startswith("May import:")), None)
-    if line is None:
+    """The `May import:` sentence of a package's docstring as dotted prefixes (`engine (core, kernels)` is
+    engine.core and engine.kernels); None when the docstring has none, empty for "nothing of the package"."""
+    doc = " ".join(_docstring(package).split())
+    if "May import:" not in doc:
         return None
-    return {re.split(r"[\s(]", part.strip())[0] for part in line[len("May import:"):].rstrip(".").split(",")}
+    sentence = re.split(r"[.;](?:\s|$)", doc.split("May import:", 1)[1].strip(), maxsplit=1)[0]
+    if sentence.startswith("nothing"):
+        return set()
+    allowed = set()
+    for name, inner in re.findall(r"([\w.]+)(?:\s*\(([^)]*)\))?", sentence):
+        parts = [p.strip() for p in inner.split(",")] if inner else []
+        allowed |= {f"{name}.{p}" for p in parts} if parts else {name}
+    return allowed
 
 
-@pytest.mark.parametrize("package", ["answers", "gate", "system"])
-def test_a_role_package_imports_only_what_its_docstring_says(package: str) -> None:
-    allowed = _allowed(package)
-    assert allowed, f"mismatch_cli/{package}/__init__.py says nothing of what it may import"
-    used = {t.split(".")[1] for m, targets in import_graph().items()
-            if m == f"mismatch_cli.{package}" or m.startswith(f"mismatch_cli.{package}.") for t in targets
-            if not t.startswith(f"mismatch_cli.{package}") and t != "mismatch_cli"}
-    assert used <= allowed, f"mismatch_cli.{package} imports {sorted(used - allowed)} beyond its docstring"
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+# Each trainer package may import what the trainers' docstring allows, and these other trainers: Miles is a slime fork
+# whose fields, accumulators and keys build on slime's.
+TRAINER_BASES = {"miles": {"slime"}}
+
+
+def trainer_packages() -> list[str]:
+    return sorted(p.name for p in (PACKAGE / "trainers").iterdir() if (p / "__init__.py").exists())
+
+
+def layer_violations(graph: dict[str, set[str]], package: str) -> list[str]:
+    """The imports of a package's modules beyond its docstring's `May import:` (and beyond the package itself);
+    a trainer package (`trainers.X`) is held to the trainers' docstring."""
+    rule = "trainers" if package.startswith("trainers.") else package
+    allowed = _allowed(rule)
+    assert allowed is not None, f"mismatch_cli/{rule.replace('.', '/')}/__init__.py says nothing of what it may import"
+    if package.startswith("trainers."):
+        allowed = allowed | {f"trainers.{base}" for base in TRAINER_BASES.get(package.split(".")[1], ())}
+    found = []
+    for module, targets in graph.items():
+        name = module.removeprefix("mismatch_cli.")
+        if not _under(name, package):
+            continue
+        for target in targets:
+            used = target.removeprefix("mismatch_cli.")
+            if target == "mismatch_cli" or _under(used, package) or any(_under(used, a) for a in allowed):
+                continue
+            found.append(f"{module} -> {target}")
+    return sorted(found)
+
+
+LAYERED = ["answers", "gate", "system", "engine", "engine.kernels", "engine.core", "engine.accumulators"]
+
+
+@pytest.mark.parametrize("package", LAYERED + [f"trainers.{t}" for t in trainer_packages()])
+def test_a_package_imports_only_what_its_docstring_says(package: str) -> None:
+    found = layer_violations(import_graph(), package)
+    assert not found, f"mismatch_cli.{package} imports beyond its docstring: {found}"
+
+
+def test_the_engine_layers_stack() -> None:
+    # kernels import nothing of the package; core may import the kernels; the accumulators both; none the drivers.
+    assert _allowed("engine.kernels") == set()
+    assert "engine.kernels" in _allowed("engine.core") and "engine.accumulators" not in _allowed("engine.core")
+    assert {"engine.core", "engine.kernels"} <= _allowed("engine.accumulators")
+
+
+def test_a_planted_back_edge_fails() -> None:
+    graph = {module: set(targets) for module, targets in import_graph().items()}
+    assert not layer_violations(graph, "engine.core")
+    graph["mismatch_cli.engine.core.chunk"].add("mismatch_cli.engine.accumulators.rounds")
+    graph["mismatch_cli.engine.kernels.ops"].add("mismatch_cli.engine.core.state")
+    graph["mismatch_cli.trainers.trl.engine"].add("mismatch_cli.trainers.skyrl.engine")
+    graph["mismatch_cli.trainers.skyrl.settings"].add("mismatch_cli.render.lead")
+    assert layer_violations(graph, "engine.core") == [
+        "mismatch_cli.engine.core.chunk -> mismatch_cli.engine.accumulators.rounds"]
+    assert layer_violations(graph, "engine.kernels") == [
+        "mismatch_cli.engine.kernels.ops -> mismatch_cli.engine.core.state"]
+    assert layer_violations(graph, "trainers.trl") == [
+        "mismatch_cli.trainers.trl.engine -> mismatch_cli.trainers.skyrl.engine"]
+    assert layer_violations(graph, "trainers.skyrl") == [
+        "mismatch_cli.trainers.skyrl.settings -> mismatch_cli.render.lead"]
+    assert not layer_violations(graph, "trainers.miles")  # a declared base (slime) is no violation
+
+
+def test_no_module_outside_a_trainer_imports_it() -> None:
+    # The core reaches a trainer only through correction.registry, which finds it at run time.
+    found = sorted(f"{m} -> {t}" for m, targets in import_graph().items() for t in targets
+                   if t.startswith("mismatch_cli.trainers.") and not _under(m, ".".join(t.split(".")[:3]))
+                   and not any(_under(m, f"mismatch_cli.trainers.{b}") for b, bases in TRAINER_BASES.items()
+                               if t.split(".")[2] in bases))
+    assert not found, f"modules name a trainer's package: {found}"
+
+
+# Beyond the readers (io/: the dump formats slime, NeMo-RL, prime-rl and SkyRL write) and the command line's
+# --input-format choices, the product never spells a replayed trainer's name: it asks the registry.
+NAMING_ALLOWED = ("io", "cli")
+
+
+def test_the_core_never_names_a_trainer() -> None:
+    from mismatch_cli.correction import REPLAY_FAMILIES
+
+    names = set(REPLAY_FAMILIES) | set(trainer_packages())
+    found = [f"{path.relative_to(PACKAGE)}:{line}: {text!r}" for path in sorted(PACKAGE.rglob("*.py"))
+             if path.relative_to(PACKAGE).parts[0] not in ("trainers", *NAMING_ALLOWED)
+             for line, text in _strings(path) if text in names]
+    assert not found, f"modules outside mismatch_cli/trainers/ name a trainer: {found}"
+
+
+def test_modules_stay_under_400_lines() -> None:
+    sizes = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert max(sizes.values()) <= 400, sorted(sizes.items(), key=lambda item: -item[1])[:3]
 
 
 def test_the_root_holds_the_public_api_and_the_packages() -> None:

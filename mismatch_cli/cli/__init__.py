@@ -8,8 +8,26 @@ metrics, `data` for synth and convert); `options` holds the flag bundles every c
 
 from __future__ import annotations
 
-from mismatch_cli.cli import analyze, data, gate, info, replay  # noqa: F401 - importing registers the commands
-from mismatch_cli.cli.app import app, main
-from mismatch_cli.cli.options import QUIET_HELP
+import sys
+import warnings
+
+from mismatch_cli.correction.registry import TrainerWarning
+
+_show = warnings.showwarning
+
+
+def _one_line(message: Warning | str, category: type[Warning], *rest: object, **extra: object) -> None:
+    """A skipped trainer is one line on stderr (`warning: ...`), not Python's two-line warning."""
+    if issubclass(category, TrainerWarning):
+        print(f"warning: {message}", file=sys.stderr)
+    else:
+        _show(message, category, *rest, **extra)  # type: ignore[arg-type]
+
+
+warnings.showwarning = _one_line
+
+from mismatch_cli.cli import analyze, data, gate, info, replay  # noqa: E402, F401 - importing registers the commands
+from mismatch_cli.cli.app import app, main  # noqa: E402
+from mismatch_cli.cli.options import QUIET_HELP  # noqa: E402
 
 __all__ = ["QUIET_HELP", "app", "main"]

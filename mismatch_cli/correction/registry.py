@@ -28,6 +28,10 @@ BUILT_IN = "mismatch_cli.trainers"
 ENTRY_POINT_GROUP = "mismatch_cli.trainers"
 
 
+class TrainerWarning(UserWarning):
+    """A trainer that could not be loaded, or that repeats a name already taken, was skipped."""
+
+
 def _families(found: Any, origin: str) -> list[ReplayFamily]:
     """The ReplayFamily objects a trainer package or entry point provides."""
     if isinstance(found, ModuleType):
@@ -57,7 +61,8 @@ def _plugins() -> list[tuple[str, ReplayFamily]]:
         try:
             found += [(origin, f) for f in _families(point.load(), origin)]
         except Exception as error:  # a broken third-party trainer must not take the built-in ones down with it
-            warnings.warn(f"mismatch: skipped the trainer of {origin}: {type(error).__name__}: {error}", stacklevel=2)
+            warnings.warn(f"skipped the trainer of {origin}: {type(error).__name__}: {error}", TrainerWarning,
+                          stacklevel=2)
     return found
 
 
@@ -69,8 +74,8 @@ def replay_families() -> dict[str, ReplayFamily]:
     for origin, family in [*_built_in(), *_plugins()]:
         if family.name in CORRECTION_FAMILIES or family.name in families:
             first = origins.get(family.name, "mismatch's own correction model")
-            warnings.warn(f"mismatch: skipped trainer {family.name!r} of {origin}: {first} already defines it",
-                          stacklevel=2)
+            warnings.warn(f"skipped trainer {family.name!r} of {origin}: {first} already defines it",
+                          TrainerWarning, stacklevel=2)
             continue
         families[family.name] = family
         origins[family.name] = origin
@@ -88,4 +93,4 @@ def make_accumulator(reference: str, settings: Any, device: Any) -> Any:
     return getattr(importlib.import_module(module), name)(settings, device)
 
 
-__all__ = ["BUILT_IN", "ENTRY_POINT_GROUP", "families", "make_accumulator", "replay_families"]
+__all__ = ["BUILT_IN", "ENTRY_POINT_GROUP", "TrainerWarning", "families", "make_accumulator", "replay_families"]

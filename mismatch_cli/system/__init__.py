@@ -1,4 +1,4 @@
 """The program's edges with the system: configuration and numbers parsed from text, outputs written whole, signals.
 
-May import: correction (its replayed trainers' field kinds), errors.
+May import: errors.
 """

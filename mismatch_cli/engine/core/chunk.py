@@ -30,7 +30,7 @@ from mismatch_cli.engine.kernels.ops import (
 
 # On a GPU a chunk costs more in kernel launches and Python than in kernels, so larger chunks go faster:
 # with the host buffers of engine/core/staging.py, 2^24 positions measured 1.5-2.2x the throughput of 2^22 on an
-# H200 (as fast as 2^25), with a peak of 1.9 GiB of GPU memory (docs/performance.md).
+# H200 (as fast as 2^25), with a peak of 1.9 GiB of GPU memory (bench/HISTORY.md).
 DEVICE_CHUNK_POSITIONS = 1 << 24
 
 
