@@ -202,7 +202,8 @@ def build_report(
         drift=drift(steps),
     )
     report.findings = [f.to_dict() for f in find(report, getattr(result.overall, "signatures", {}))]
-    report.summary, report.recommendation = diagnose(report.summary, report.recommendation, report.findings)
+    report.summary, report.recommendation = diagnose(report.summary, report.recommendation, report.findings,
+                                                      report.config)
     return report
 
 

@@ -63,12 +63,14 @@ def test_worse_candidate_is_marked_plus(runs) -> None:
         assert rows[key]["mark"] == "+", key
         low, high = rows[key]["base_interval"]
         assert low <= rows[key]["base"] <= high
-    assert body["verdict"].startswith("verdict: WORSE")
-    assert "verdict: WORSE" in result.stderr
-    # The other way round, the same changes are improvements.
+    # The bad dump's own report says BUG (its ratio mean is not 1): the verdict names that first (issue 34).
+    assert body["verdict"].startswith("verdict: BUG - the candidate has a bug in its dump or config: ")
+    assert "; WORSE - candidate is worse beyond noise on " in body["verdict"] and body["verdict"] in result.stderr
+    # The other way round, the same changes are improvements (a clean candidate beating a BUG base still is).
     _, body = compare_json(runs["paths"]["bad"], runs["paths"]["clean"])
     assert rows_by_metric(body)["rollout_corr/chi2_token"]["mark"] == "-"
-    assert body["verdict"].startswith("verdict: BETTER")
+    assert body["verdict"].startswith("verdict: BUG - the base has a bug in its dump or config: ")
+    assert "; BETTER - candidate is better beyond noise on " in body["verdict"]
 
 
 def test_same_run_is_within_noise(runs) -> None:
@@ -178,7 +180,7 @@ def test_table_shows_marks_and_intervals(runs) -> None:
     assert chi2.startswith("+")
     assert "lower" in chi2
     assert "marks: + worse" in result.stdout
-    assert "verdict:" not in result.stdout and "verdict: WORSE" in result.stderr
+    assert "verdict:" not in result.stdout and "; WORSE - candidate is worse" in result.stderr  # after the BUG
     # -q: the requested output (the table) and errors only; no verdict or notes on stderr.
     quiet = invoke("compare", runs["reports"]["clean"], runs["reports"]["bad"], "-q")
     assert "marks: + worse" in quiet.stdout and quiet.stderr == ""

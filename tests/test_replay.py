@@ -204,7 +204,7 @@ def test_json_shape_and_html(tmp_path: Path) -> None:
     for concept in data["concepts"]:
         assert set(concept) == {"concept", "label", "why", "cells"}
         for cell in concept["cells"].values():
-            assert set(cell) == {"key", "value", "se", "disagrees"}
+            assert set(cell) == {"key", "value", "se", "disagrees", "nonfinite"}  # nonfinite: issue 34 item 6
     html = page.read_text()
     assert html.startswith("<!DOCTYPE html>") and 'class="disagrees"' in html and "verl" in html
 

@@ -47,7 +47,7 @@ def test_the_first_screen_names_the_cause_and_a_correction_that_works(monkeypatc
     monkeypatch.chdir(ROOT)
     text = screen("sample_data/multi_turn.parquet", "--bootstrap", "0")
     lines = text.splitlines()
-    assert len(lines) <= 45 and max(map(len, lines)) <= 80
+    assert len(lines) <= 48 and max(map(len, lines)) <= 80  # the fix also in the trainer's own overrides
     row, position, delta, big = largest_token(SAMPLE)
     assert text.index("Health: WARNING") < text.index("Why") < text.index("What to do")
     flat = " ".join(text.split())

@@ -1,4 +1,4 @@
 """What a report answers: health verdict, diagnosis, findings, recommendation, drift.
 
-May import: correction, metrics.
+May import: correction, metrics, errors.
 """

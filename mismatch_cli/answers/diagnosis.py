@@ -1,9 +1,11 @@
-"""The answer a report leads with: a bug in the dump or config, then a precision gap, then a correction.
+"""The answer a report leads with: a bug in the dump or config, then a correction that drops too much, then a
+precision gap, then a correction.
 
 `diagnose` reads the health summary, the recommendation and the findings (no torch, no I/O) and returns
 them with `summary["diagnosis"]` set, and, when a bug explains the mismatch, the verdict `bug` and a
 recommendation that fixes the bug instead of correcting it: no importance weight cures log-probs that are
-not the engine's (docs/report.md, "A bug first, a correction second").
+not the engine's (docs/report.md, "A bug first, a correction second"). Every fix is said in the report's trainer
+(answers/advice.py): `recommendation["fixes"]` holds them in order, each with its settings' upstream sources.
 """
 
 from __future__ import annotations
@@ -12,15 +14,16 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mismatch_cli.answers.advice import fix_entry, fix_text
+from mismatch_cli.answers.findings.drops import CODE as DROPS
 from mismatch_cli.answers.health import MULT_PROB_ERROR, PROB_DIFF, RATIO_MEAN
 
 # Bug findings, the one that explains the rest first: identical sides leave nothing to measure, a fill or a
 # shift makes the other signatures meaningless, processed log-probs and a temperature are config bugs.
 BUG_CODES = ("identical_sides", "constant_fill", "shifted_streams", "processed_logprobs", "temperature_mismatch")
 PRECISION_CHECKS = (PROB_DIFF, MULT_PROB_ERROR)
-PRECISION_FIX = (
-    "compute the engine's lm_head / logits in fp32 and match the trainer's kernels (verl FAQ: actor_rollout_ref."
-    "rollout.engine_kwargs.vllm.disable_cascade_attn=True), or run both sides in one precision")
+PRECISION_FIX = ("compute the engine's lm_head / logits in fp32 and match the trainer's kernels (cascade attention "
+                 "off, deterministic kernels), or run both sides in one precision")
 RATIO_FIX = (
     "check what the engine reports as the rollout log-prob: it must be the log-prob of the distribution the "
     "token was sampled from (after temperature, before any renormalization), aligned with the trainer's tokens")
@@ -35,9 +38,11 @@ def _value(check: Mapping[str, Any]) -> str:
     return f"{value:.4g}" if isinstance(value, float) and math.isfinite(value) else str(value)
 
 
-def diagnose(summary: dict[str, Any], recommendation: dict[str, Any] | None,
-             findings: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The summary with its diagnosis, and the recommendation with the fix a bug or a precision gap needs first."""
+def diagnose(summary: dict[str, Any], recommendation: dict[str, Any] | None, findings: Sequence[Mapping[str, Any]],
+             config: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The summary with its diagnosis, and the recommendation with the fixes a bug, a correction that drops too
+    much or a precision gap needs first, in the report's trainer."""
+    config = config or {}
     agreement = (summary.get("agreement") or {}).get("checks", [])
     bugs = sorted((f for f in findings if f.get("code") in BUG_CODES and f.get("fix")),
                   key=lambda f: BUG_CODES.index(f["code"]))
@@ -50,26 +55,37 @@ def diagnose(summary: dict[str, Any], recommendation: dict[str, Any] | None,
         code = bug["code"] if bug else "ratio_mean"
         title = bug["title"] if bug else (f"the token ratio mean is {_value(ratio[0])}, not 1: the rollout side is "
                                           "not the distribution its tokens were sampled from")
-        fix = bug["fix"] if bug else RATIO_FIX
+        fix = bug["fix"] if bug else fix_text(RATIO_FIX, "ratio_mean", config)
+        entry = fix_entry(code, fix, config, bug.get("evidence") if bug else None)
         summary.update(status="bug", diagnosis={"kind": "bug", "code": code, "title": title, "fix": fix})
         if recommendation is not None or bug is not None:
             base = dict(recommendation or {})
-            base.update(scenario=None, flags=None, fields=None, preset=None, cost=None, health_after=None,
-                        alternatives=[], best_partial=None, fix={"code": code, "text": fix},
+            base.update(scenario=None, flags=None, fields=None, native=None, preset=None, cost=None,
+                        health_after=None, alternatives=[], best_partial=None, recipe=None, fix=entry, fixes=[entry],
                         reason=f"fix the bug first ({title}); a correction reweights real log-probs and cannot "
                                "repair these, so no correction is recommended until the dump is right")
             recommendation = base
         return summary, recommendation
+    fixes, diagnosis = [], None
+    drops = next((f for f in findings if f.get("code") == DROPS), None)
+    if drops is not None:
+        fixes.append(fix_entry(DROPS, drops["fix"], config))
+        diagnosis = {"kind": "correction", "code": DROPS, "title": drops["title"], "fix": drops["fix"]}
     if precision:
         names = ", ".join(f"{c['label']} {_value(c)} (healthy: {c['healthy_range']})" for c in precision)
-        summary["diagnosis"] = {"kind": "precision", "code": "precision_gap",
-                                "title": f"the engines' log-probs disagree beyond the documented band: {names}",
-                                "fix": PRECISION_FIX}
-        if recommendation is not None:
-            recommendation = {**recommendation, "fix": {"code": "precision_gap", "text": PRECISION_FIX}}
-        return summary, recommendation
-    kind = "healthy" if summary.get("status") == "healthy" else "correctable"
-    summary["diagnosis"] = {"kind": kind, "code": None, "title": None, "fix": None}
+        text = fix_text(PRECISION_FIX, "precision_gap", config)
+        fixes.append(fix_entry("precision_gap", text, config))
+        diagnosis = diagnosis or {"kind": "precision", "code": "precision_gap",
+                                  "title": f"the engines' log-probs disagree beyond the documented band: {names}",
+                                  "fix": text}
+    if diagnosis is None:
+        kind = "healthy" if summary.get("status") == "healthy" else "correctable"
+        diagnosis = {"kind": kind, "code": None, "title": None, "fix": None}
+    summary["diagnosis"] = diagnosis
+    if recommendation is not None:
+        recommendation = {**recommendation, "fix": fixes[0] if fixes else None, "fixes": fixes}
+        if not precision:
+            recommendation["recipe"] = None
     return summary, recommendation
 
 

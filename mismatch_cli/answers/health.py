@@ -9,7 +9,9 @@ correction changes: verl's FAQ band on the mean probability difference, NeMo-RL'
 token_mult_prob_error, and the ratio-mean identity E[ratio] = 1, which holds at any precision and fails
 when the rollout side is not the distribution its tokens were sampled from. The verdict (`status`,
 `checks`) is `agreement` plus `after` when the run applied a correction whose effect is known, else plus
-`before` (docs/report.md, "The health summary").
+`before` (docs/report.md, "The health summary"). Whatever a run's correction removes from the gradient (every
+reported key the registry marks `removes`, of any family) is held to the drop band among the `after` checks, so a
+correction that drops most of the batch is never called healthy.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from mismatch_cli.answers import corrections
 from mismatch_cli.metrics import Band, aliases_of, lookup
 from mismatch_cli.metrics.catalog import RATIO_MEAN_MIN_Z, ratio_mean_broken, ratio_mean_z
 
@@ -44,6 +47,7 @@ APPLIED = "the applied IS weights"
 KEPT = "the tokens the correction keeps"
 UNCHANGED = "unchanged by IS weights (the mask keeps every token)"
 LOG_PROBS = "the log-probs themselves (no correction changes them)"
+REMOVED = "what the correction removes from the gradient"
 
 
 def band_of(key: str) -> Band:
@@ -186,8 +190,21 @@ def matching_row(config: Mapping[str, Any], what_if: Iterable[Mapping[str, Any]]
     return None
 
 
+def removal_checks(metrics: Mapping[str, float | None]) -> list[dict[str, Any]]:
+    """Every reported share of tokens or sequences a correction removes, held to the registry's drop band."""
+    checks = []
+    for key, value in metrics.items():
+        metric = lookup(key)
+        if metric is not None and metric.removes and metric.band is not None and _finite(value):
+            checks.append(check(key, float(value), REMOVED))  # type: ignore[arg-type]
+    return checks
+
+
 def applies_correction(config: Mapping[str, Any]) -> bool:
-    """Whether a report's config turns on IS, RS or a veto (any family's field names)."""
+    """Whether a report's config turns on IS, RS or a veto (verl's and the older families' fields, or a replayed
+    trainer's correction)."""
+    if corrections.is_replayed(str(config.get("semantics"))):
+        return corrections.applies(config)
     if "rollout_is_level" in config:  # verl 0.6.0 / xtuner: nothing (veto included) runs without a threshold
         return config.get("rollout_is_threshold") is not None
     is_on = config.get("rollout_is") not in (None, False) and config.get("rollout_is_threshold") is not None
@@ -204,14 +221,20 @@ def summarize(metrics: Mapping[str, float | None], config: Mapping[str, Any] | N
     notes = [f"RS ({config.get('rollout_rs')}) also drops tokens; the IS keys are over every valid token"] \
         if rs_on else []
     applied = after_is(metrics, notes)
-    if applied is None and config and applies_correction(config):
-        row = matching_row(config, what_if)
+    corrected = bool(config) and applies_correction(config)
+    if applied is None and corrected:
+        row = matching_row(config, what_if) or corrections.matching_row(config, what_if)
         if row is not None:
             applied = after_what_if(row)
         else:
             applied = {"status": "unknown", "checks": [], "basis": "unknown", "notes": [
                 "this correction has no IS weights and is not a what-if setting, so its effect is not computed; "
                 "the verdict is the raw one"]}
+    removed = removal_checks(metrics) if corrected else []
+    if applied is not None and removed:
+        known = applied["checks"] + removed
+        applied = {**verdict(known, basis=applied["basis"] if applied["checks"] else REMOVED),
+                   "notes": applied.get("notes", []) if applied["checks"] else []}
     chosen = applied if applied is not None and applied["checks"] else raw
     checks = agreed["checks"] + chosen["checks"]
     return {**verdict(checks), "before": raw, "after": applied, "agreement": agreed}

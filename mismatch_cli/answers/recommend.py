@@ -15,7 +15,9 @@ it changes, compared in this order:
 
 So, with the ladder of engine/accumulators/whatif.py: token TIS at the highest cap that works, then token IcePop,
 then sequence TIS, then the sequence-level drops (IcePop, RS, veto) by the share of tokens they drop.
-Only settings the run's trainer family can express exactly are considered (`SUPPORTED`).
+Only settings the run's trainer family can express exactly are considered: verl's and the older families' by
+`SUPPORTED`, a replayed trainer's by its vocabulary's mapping (answers/corrections.py), so `--semantics skyrl`
+ranks SkyRL's TIS types and masks and prints the winner as `--set` lines and as SkyRL's own overrides.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mismatch_cli.answers.health import IS_ESS, RAW_ESS, after_what_if, applies_correction, summarize
+from mismatch_cli.answers import corrections
+from mismatch_cli.answers.health import IS_ESS, RAW_ESS, REMOVED, after_what_if, applies_correction, summarize
 from mismatch_cli.correction import PRESETS, PRESETS_071, older_presets
+from mismatch_cli.correction.fixes import fixes_for
 
 # The what-if families each trainer family can run with exactly the ladder's rule (docs/report.md).
 SUPPORTED: dict[str, tuple[str, ...]] = {
@@ -42,6 +46,15 @@ DROPS = ("icepop", "rs", "veto")
 ESS_KEYS = (IS_ESS, RAW_ESS)  # a setting passes only when its ESS is known (and in band)
 # verl 0.6.0's veto is on by default (1e-4): the ladder's rows are without it, so the flags switch it off.
 V060_NO_VETO = {"rollout_is_veto_threshold": None}
+# What fp8 / low-precision RL recipes turn on: token-level TIS capped at 2 (verl's decoupled_token_is preset).
+RECIPE_SCENARIO = "TIS token 2.0"
+
+
+def expressible(row: Mapping[str, Any], family: str) -> bool:
+    """Whether the family can run a what-if row exactly (its own fields give the same rule)."""
+    if corrections.is_replayed(family):
+        return corrections.row_fields(row, family) is not None
+    return row.get("family") in SUPPORTED.get(family, ())
 
 
 def _bounds(threshold: str) -> tuple[float, float]:
@@ -68,7 +81,10 @@ def invasiveness(row: Mapping[str, Any]) -> tuple[float, ...]:
 
 
 def fields_for(row: Mapping[str, Any], family: str) -> dict[str, Any]:
-    """The trainer's config fields that run a what-if row in `family` (verl's names, or the older family's)."""
+    """The trainer's config fields that run a what-if row in `family` (verl's names, the older family's, or a
+    replayed trainer's own)."""
+    if corrections.is_replayed(family):
+        return corrections.row_fields(row, family) or {}
     level, threshold, kind = row["level"], str(row["threshold"]), row["family"]
     if family == "verl-0.6.0":
         mode = "mask" if kind == "icepop" else "truncate"
@@ -89,6 +105,8 @@ def fields_for(row: Mapping[str, Any], family: str) -> dict[str, Any]:
 def flags_for(row: Mapping[str, Any], family: str) -> str:
     """The `mismatch analyze` flags that run a what-if row under `--semantics family`."""
     fields = fields_for(row, family)
+    if corrections.is_replayed(family):
+        return corrections.set_flags(fields)
     if family == "verl-0.6.0":
         text = f"--is-level {fields['rollout_is_level']} --is-mode {fields['rollout_is_mode']} " \
                f"--is-threshold {fields['rollout_is_threshold']:g}"
@@ -121,6 +139,8 @@ def _correction(values: Mapping[str, Any]) -> dict[str, Any]:
 def preset_for(fields: Mapping[str, Any], family: str, config: Mapping[str, Any]) -> str | None:
     """The first preset of the family whose correction is exactly `fields` (with the run's bypass / loss type)."""
     keys = ("rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold")
+    if corrections.is_replayed(family):
+        return None  # presets are verl's
     fields = _correction(fields)
     run = {"bypass_mode": bool(config.get("bypass_mode") or False), "loss_type": config.get("loss_type")}
     if family in ("verl", "verl-0.8", "verl-0.7.1"):
@@ -146,10 +166,55 @@ def _cost(row: Mapping[str, Any]) -> dict[str, Any]:
             "masked_sequence_fraction": row.get("masked_seq_fraction"), "ess": row.get("ess")}
 
 
+def _native(fields: Mapping[str, Any], family: str) -> str | None:
+    fixes = fixes_for(family)
+    return fixes.native(fields) if fixes is not None and fixes.native is not None and fields else None
+
+
 def _option(row: Mapping[str, Any], family: str, config: Mapping[str, Any]) -> dict[str, Any]:
     fields = fields_for(row, family)
+    fixes = fixes_for(family)
     return {"scenario": row["name"], "flags": flags_for(row, family), "fields": fields,
+            "native": _native(fields, family), "trainer": fixes.trainer if fixes is not None else None,
             "preset": preset_for(fields, family, config), "cost": _cost(row), "health_after": after_what_if(row)}
+
+
+def recipe_option(what_if: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The correction low-precision RL recipes use (token TIS at 2), in the family's terms with its cost on this
+    dump, or None when the family cannot express it."""
+    family = str(config.get("semantics") or "verl")
+    row = next((r for r in what_if if r.get("name") == RECIPE_SCENARIO), None)
+    if row is None or not expressible(row, family):
+        return None
+    return _option(row, family, config)
+
+
+OPTION_KEYS = ("scenario", "flags", "fields", "native", "trainer", "preset", "cost")
+
+
+def _few_tokens_option(what_if: Sequence[Mapping[str, Any]], family: str, config: Mapping[str, Any],
+                       metrics: Mapping[str, float | None], count: int) -> dict[str, Any] | None:
+    """The least invasive token-level setting the family can run that truncates or drops at least `count`
+    tokens (the few that carry an agreement check), or None."""
+    tokens = metrics.get("diag/valid_tokens") or 0
+    rows = sorted((r for r in what_if if r.get("level") == "token" and r.get("family") in ("tis", "icepop")
+                   and expressible(r, family)), key=invasiveness)
+    for row in rows:
+        touched = (row.get("truncated_token_fraction") or 0.0) + (row.get("masked_token_fraction") or 0.0)
+        if tokens and round(touched * tokens) >= count:
+            option = _option(row, family, config)
+            if _passes(option["health_after"]):
+                return option
+    return None
+
+
+def _no_rule(family: str) -> str:
+    fixes = fixes_for(family)
+    missing = fixes.missing.get("correction") if fixes is not None else None
+    if missing:
+        return f"{fixes.trainer} has no correction the what-if ladder can run exactly: {missing}"
+    return (f"the what-if ladder holds verl's rules, and none of them is a rule of --semantics {family}, so no "
+            "setting can be recommended in its terms")
 
 
 def _failing(health: Mapping[str, Any]) -> str:
@@ -190,39 +255,60 @@ def recommend(metrics: Mapping[str, float | None], config: Mapping[str, Any],
     family = str(config.get("semantics") or "verl")
     health = summarize(metrics, config, what_if, few_tokens)
     before = health["before"]
-    base = {"scenario": None, "semantics": family, "flags": None, "fields": None, "preset": None, "cost": None,
-            "health_before": before, "health_after": None, "alternatives": [], "best_partial": None}
+    base = {"scenario": None, "semantics": family, "flags": None, "fields": None, "native": None, "trainer": None,
+            "preset": None, "cost": None, "health_before": before, "health_after": None, "alternatives": [],
+            "best_partial": None}
     after = health["after"]
     agreement = health.get("agreement") or {}
     gap = agreement.get("status") == "warning"  # the log-probs themselves are out of band: no weight fixes that
+    recipe = recipe_option(what_if, config) if gap else None  # for a deliberate low-precision rollout
+    base["recipe"] = recipe
     if before["checks"] and before["status"] == "healthy":
+        few = [c for c in agreement.get("checks", []) if c.get("few_tokens")]
         reason = "every health check of the raw ratios is in its band: no correction is needed"
+        handling = None
         if gap:
-            reason = ("the raw ratios' checks are in band, so no correction is needed; the gap is in the log-probs "
-                      "themselves, and only a fix at the source closes it")
-        if after is not None and after["status"] == "warning":
-            reason += f" (the run's own correction is out of band: {_failing(after)})"
+            reason = ("the raw ratios' checks are in band, so the weights need no correction; the gap is in the "
+                      "log-probs themselves, and only a fix at the source closes it")
+        elif few:
+            # Out through a few tokens: the correction's job (the verdict says so), never "no correction needed".
+            handling = _few_tokens_option(what_if, family, config, metrics, few[0]["few_tokens"])
+            reason = (f"the raw ratios' checks are in band; the {few[0]['few_tokens']} tokens that carry "
+                      f"{few[0]['label']} are a token-level correction's job")
+            if handling is None:
+                reason += ", and no token-level setting the family can run touches them"
+            elif not applies_correction(config):
+                return {**base, **{k: handling[k] for k in OPTION_KEYS}, "health_after": handling["health_after"],
+                        "reason": f"{reason}: {handling['scenario']} is the lightest setting that touches them; "
+                                  f"it {_describe(handling, metrics)}"}
+        # What the correction removes is said by its own line (the drop finding); other failing checks here.
+        failing = [c for c in (after or {}).get("checks", []) if not c["ok"] and c.get("basis") != REMOVED]
+        if failing:
+            reason += f" (the run's own correction is out of band: {_failing({'checks': failing})})"
         if applies_correction(config):
             # The run pays for a correction the raw ratios do not need: say so, and name the lightest that passes.
+            reason = reason.replace("the weights need no correction", "the run's correction is not needed")
             reason = reason.replace("no correction is needed", "the run's correction is not needed")
-            supported = SUPPORTED.get(family, ())
-            rows = sorted((r for r in what_if if r.get("family") in supported), key=invasiveness)
-            passing = [(invasiveness(r)[:4], o) for r in rows
-                       if _passes((o := _option(r, family, config))["health_after"])]
-            if passing:  # among equally light settings, one a preset names (as below)
-                lighter = next((o for key, o in passing if key == passing[0][0] and o["preset"]), passing[0][1])
-                preset = f" (= --preset {lighter['preset']})" if lighter["preset"] else ""
-                reason += f"; if you keep one, {lighter['flags']}{preset} is the lightest in band: it " \
-                          f"{_describe(lighter, metrics)}"
+            if handling is not None:
+                reason += f"; instead, {handling['flags']} is the lightest setting that touches them: it " \
+                          f"{_describe(handling, metrics)}"
+            else:
+                rows = sorted((r for r in what_if if expressible(r, family)), key=invasiveness)
+                passing = [(invasiveness(r)[:4], o) for r in rows
+                           if _passes((o := _option(r, family, config))["health_after"])]
+                if passing:  # among equally light settings, one a preset names (as below)
+                    lighter = next((o for key, o in passing if key == passing[0][0] and o["preset"]),
+                                   passing[0][1])
+                    preset = f" (= --preset {lighter['preset']})" if lighter["preset"] else ""
+                    reason += f"; if you keep one, {lighter['flags']}{preset} is the lightest in band: it " \
+                              f"{_describe(lighter, metrics)}"
         return {**base, "health_after": after, "reason": reason}
     if after is not None and after["checks"] and after["status"] == "healthy":
         return {**base, "health_after": after,
                 "reason": "the run's own correction already brings every health check into its band"}
-    supported = SUPPORTED.get(family, ())
-    rows = sorted((r for r in what_if if r.get("family") in supported), key=invasiveness)
+    rows = sorted((r for r in what_if if expressible(r, family)), key=invasiveness)
     if not rows:
-        return {**base, "reason": f"the what-if ladder holds verl's rules, and none of them is a rule of "
-                                  f"--semantics {family}, so no setting can be recommended in its terms"}
+        return {**base, "reason": _no_rule(family)}
     options = [_option(row, family, config) for row in rows]
     keys = {id(o): invasiveness(row)[:4] for o, row in zip(options, rows, strict=True)}
     working = [o for o in options if _passes(o["health_after"])]
@@ -248,6 +334,7 @@ def recommend(metrics: Mapping[str, float | None], config: Mapping[str, Any],
     why = (f"while the log-probs stay out of band ({_failing(agreement)}), {chosen['scenario']} is the least "
            "invasive setting that keeps the weights in band") if gap else \
         f"{chosen['scenario']} is the least invasive setting that brings every check into its band"
-    return {**base, **{k: chosen[k] for k in ("scenario", "flags", "fields", "preset", "cost", "health_after")},
-            "alternatives": [{k: o[k] for k in ("scenario", "flags", "preset", "cost")} for o in alternatives],
+    return {**base, **{k: chosen[k] for k in (*OPTION_KEYS, "health_after")},
+            "alternatives": [{k: o[k] for k in ("scenario", "flags", "native", "preset", "cost")}
+                             for o in alternatives],
             "reason": f"{why} (before: {_failing(before)}): it {_describe(chosen, metrics)}"}

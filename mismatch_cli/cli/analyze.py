@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from mismatch_cli.cli.app import app, guard
-from mismatch_cli.cli.emit import OutputOpt, Rendered, deliver, note, planned_outputs, to_file
+from mismatch_cli.cli.emit import OutputOpt, Rendered, deliver, note, note_idle, planned_outputs, to_file
 from mismatch_cli.cli.options import (
     ByOpt,
     ComputeFlags,
@@ -78,9 +78,9 @@ def analyze(
     from mismatch_cli.render.summary import render_summary
     from mismatch_cli.render.table import render_tables
 
-    refuse_without("--no-plots", no_plots, "--out-dir DIR", out_dir is not None)
+    note_idle("--no-plots", no_plots, "--out-dir DIR", out_dir is not None, quiet)
     refuse_without("--ray-address", ray_address is not None, "--engine ray", engine is Engine.ray)
-    refuse_without("--full", full, "--format table", output_format is ReportFormat.table)
+    note_idle("--full", full, "--format table", output_format is ReportFormat.table, quiet)
     replicates = check_bootstrap(compute.bootstrap)
     table_name = csv_table_flag(output_format, table_name)
     correction = correction_from_flags(config, correction_flags)

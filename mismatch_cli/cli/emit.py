@@ -96,3 +96,10 @@ def _wrap(line: str, width: int) -> str:
     if max((len(word) for word in line.split()), default=0) + 2 > width:
         return line
     return "\n".join(textwrap.wrap(line, width=width, break_on_hyphens=False, subsequent_indent="  ")) or line
+
+
+def note_idle(flag: str, given: bool, needs: str, present: bool, quiet: bool) -> None:
+    """A flag that only has no effect without another (a harmless no-op, e.g. `--no-plots` without `--out-dir`):
+    accepted with a one-line note on stderr, so scripts that always pass it keep working."""
+    if given and not present:
+        note(quiet, f"note: {flag} has no effect without {needs}")

@@ -14,6 +14,7 @@ from mismatch_cli.cli.options import CorrectionFlags, IsLevel
 from mismatch_cli.correction import (
     FAMILIES,
     REPLAY_FAMILIES,
+    VERL_DEFAULTS,
     VERL_FAMILIES,
     CorrectionConfig,
     config_from_sources,
@@ -21,6 +22,7 @@ from mismatch_cli.correction import (
     resolve,
     settings_from_pairs,
 )
+from mismatch_cli.correction.config import VERL_NEEDS, refuse_idle
 from mismatch_cli.correction.parse import pair, plain_number
 from mismatch_cli.errors import MismatchError, UsageError
 from mismatch_cli.system.numbers import NONE_WORDS, threshold_value
@@ -139,13 +141,25 @@ def correction_from_flags(config_file: Path | None, flags: CorrectionFlags) -> C
         fields = family_fields_from_flags(family, given)
         if flags.is_level is IsLevel.none:
             fields["rollout_is"] = None
-    fields.update(settings_from_pairs(flags.settings or [], family))  # --set: the trainer's own field names
+    pairs = settings_from_pairs(flags.settings or [], family)  # --set: the trainer's own field names
+    fields.update(pairs)
     config = config_from_sources(table, fields, semantics, flags.preset, origin=str(config_file))
     try:
         resolved = resolve(config)  # errors come before any input is read
     except MismatchError as error:
         raise name_flags(error, family) from None
     refuse_idle_flags(given, _switched_on(family, config, resolved))
+    # The same rule for fields given by --set or the [correction] table (the library replays what the trainer
+    # accepts; the command line refuses a field that would do nothing, as it refuses such a flag).
+    table_fields = {k: v for k, v in table.items() if k != "semantics"}
+    if family in VERL_FAMILIES:
+        needs, effective, defaults = VERL_NEEDS, config.verl_fields, VERL_DEFAULTS
+    else:
+        trainer = REPLAY_FAMILIES.get(family)
+        needs, effective = (trainer.needs, config.to_dict()) if trainer else ((), {})
+        defaults = trainer.defaults if trainer else {}
+    refuse_idle(needs, table_fields, effective, defaults, where=f"{config_file}: ")
+    refuse_idle(needs, pairs, effective, defaults, where="--set ")
     return config
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from mismatch_cli.cli.app import app, guard, stderr
-from mismatch_cli.cli.emit import OutputOpt, Rendered, deliver, note, planned_outputs
+from mismatch_cli.cli.emit import OutputOpt, Rendered, deliver, note, note_idle, planned_outputs
 from mismatch_cli.cli.options import (
     ByOpt,
     ComputeFlags,
@@ -23,7 +23,6 @@ from mismatch_cli.cli.options import (
     bundled,
     parse_by,
     read_options,
-    refuse_without,
 )
 from mismatch_cli.errors import MismatchError, UsageError
 
@@ -92,7 +91,7 @@ def compare(
     from mismatch_cli.render.compare import render_compare_json, render_compare_markdown, render_compare_table
     from mismatch_cli.render.files import compare_files
 
-    refuse_without("--no-plots", no_plots, "--out-dir DIR", out_dir is not None)
+    note_idle("--no-plots", no_plots, "--out-dir DIR", out_dir is not None, quiet)
     if more and fail_on:
         raise UsageError(f"--fail-on needs exactly two runs (a baseline and a candidate), got {2 + len(more)}",
                          hint="compare two runs with limits, or hold each run to them with `mismatch check RUN`")

@@ -1,4 +1,4 @@
-"""`mismatch presets` and `mismatch metrics`: what the tool knows, without reading any dump."""
+"""`mismatch presets`, `mismatch metrics` and `mismatch fixes`: what the tool knows, without reading any dump."""
 
 from __future__ import annotations
 
@@ -63,4 +63,30 @@ def metrics_command(
     deliver(outputs, output, Rendered.of(output_format, lambda: render_metrics_json(chosen),
                                       lambda: render_metrics_markdown(chosen),
                                       lambda console: render_metrics_table(chosen, console)))
+    note(quiet, *([f"wrote {output}"] if to_file(output) else []))
+
+
+@app.command("fixes")
+@guard
+def fixes_command(
+    semantics: SemanticsOpt = None,
+    output_format: Annotated[OutputFormat, typer.Option("--format", help="table, json or markdown.")] = (
+        OutputFormat.table
+    ),
+    output: OutputOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """List the settings mismatch may tell you to change, in each trainer's own syntax, with their upstream sources."""
+    from mismatch_cli.correction import FAMILIES
+    from mismatch_cli.correction.fixes import fixes_for
+    from mismatch_cli.render.fixes import render_fixes_json, render_fixes_markdown, render_fixes_table
+
+    outputs = planned_outputs([], output=output)
+    names = [semantics.value] if semantics is not None else list(FAMILIES)
+    chosen = {name: fixes for name in names if (fixes := fixes_for(name)) is not None}
+    if not chosen:
+        raise UsageError(f"{names[0]} ships no vocabulary of fixes", hint="run `mismatch fixes` for every family")
+    deliver(outputs, output, Rendered.of(output_format, lambda: render_fixes_json(chosen),
+                                      lambda: render_fixes_markdown(chosen),
+                                      lambda console: render_fixes_table(chosen, console)))
     note(quiet, *([f"wrote {output}"] if to_file(output) else []))

@@ -72,7 +72,8 @@ def usage_line(exc: Exception) -> str:
     if match is not None:
         value, choices = match["value"], re.findall(r"'([^']*)'", match["choices"])
         flag = _flag(getattr(exc, "param", None))
-        close = close_names(value, choices)
+        # `NeMo-RL` is `nemo-rl`: a case-blind match first, then the close spellings
+        close = [c for c in choices if c.lower() == value.lower()] or close_names(value.lower(), choices)
         fix = suggest(close, spelled=f"{flag} {{}}") or f"use one of {', '.join(choices)}"
         return f"{flag}: {value!r} is not one of {', '.join(choices)}; fix: {fix}"
     if name == "BadOptionUsage" and "requires an argument" in message:

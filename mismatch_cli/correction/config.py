@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mismatch_cli.correction.model import VERL_FAMILIES, ReplayFamily, ResolvedCorrection
+from mismatch_cli.correction.model import VERL_FAMILIES, Needs, ReplayFamily, ResolvedCorrection
 from mismatch_cli.correction.older import OLDER_FIELDS, XTUNER, expand_preset, older_presets, resolve_older
 from mismatch_cli.correction.parse import positive_number, unknown_fields
 from mismatch_cli.correction.registry import families, replay_families
@@ -80,6 +80,34 @@ def check_trainer_fields(family: ReplayFamily, fields: Mapping[str, Any]) -> Non
     unknown = [k for k in fields if k not in known]
     if unknown:
         raise unknown_fields(family.name, unknown, known)
+
+
+# verl's fields that mean something only with IS or RS on (the flags --is-threshold, … are refused the same way).
+VERL_NEEDS = (
+    Needs("rollout_is_threshold", "rollout_is=token (or sequence)", lambda v: v.get("rollout_is") is not None),
+    Needs("rollout_is_batch_normalize", "rollout_is=token (or sequence)", lambda v: v.get("rollout_is") is not None),
+    Needs("rollout_rs_threshold", "rollout_rs=OPTION", lambda v: v.get("rollout_rs") is not None),
+)
+
+
+def refuse_idle(needs: tuple[Needs, ...], given: Mapping[str, Any], effective: Mapping[str, Any],
+                defaults: Mapping[str, Any], where: str = "") -> None:
+    """Refuse a field given with a value of its own while the setting it needs is off (exit 2), naming both; a
+    field left at its default is a harmless no-op and passes."""
+    for need in needs:
+        value = given.get(need.field)
+        if need.field not in given or value is None or _same_value(value, defaults.get(need.field)):
+            continue
+        if not need.met(effective):
+            raise ConfigError(f"{where}{need.field}={value} does nothing here: it needs {need.needs}, which is not "
+                              "set", hint=f"set {need.needs}, or drop {need.field}")
+
+
+def _same_value(value: Any, default: Any) -> bool:
+    try:
+        return value == default or (default is not None and float(value) == float(default))
+    except (TypeError, ValueError):
+        return str(value).strip().lower() == str(default).strip().lower()
 
 
 def field_home(name: str) -> str:
@@ -172,7 +200,11 @@ def settings_from_pairs(pairs: list[str], family: str) -> dict[str, Any]:
             raise ConfigError(f"expected FIELD=VALUE, got {pair_text!r}",
                               hint=f"e.g. {allowed[0]}=...; semantics {family} takes {', '.join(allowed)}")
         if name not in allowed:
-            raise unknown_fields(family, [name], allowed)
+            home = field_home(name)  # a field of another family: say whose (`use_tis` is slime's and Miles')
+            error = unknown_fields(family, [name], allowed, f"{name} is a field of semantics {home}" if home else "")
+            if home:
+                error.hint = f"choose semantics {home.split(',')[0].split(' ')[0]} to set {name}; {error.hint}"
+            raise error
         typed: Any = value.lower() == "true" if table.get(name) == "bool" and value.lower() in (
             "true", "false") else value
         try:

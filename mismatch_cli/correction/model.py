@@ -144,6 +144,16 @@ TRAITS = ("estimator", "sequence", "clamp", "reduction", "threshold")
 
 
 @dataclass(frozen=True)
+class Needs:
+    """A field that means something only with another setting (a TIS cap without its TIS type): given with a
+    value other than its default while that setting is off, it is refused, as the matching flag is."""
+
+    field: str
+    needs: str  # the other setting, as the trainer writes it ("tis_ratio_type=token")
+    met: Callable[[Mapping[str, Any]], bool]  # over the resolved (effective) fields
+
+
+@dataclass(frozen=True)
 class ReplayFamily:
     """A replayed trainer: its fields by its own names, how it resolves them, its engine, keys and report names.
 
@@ -166,7 +176,9 @@ class ReplayFamily:
     # it is called as name(settings, device).
     accumulator: str = ""
     keys: str = ""  # the module whose FAMILY (a metrics.model.Family) and METRICS name the keys it logs
+    fixes: str = ""  # the module whose FIXES (a correction.fixes.Fixes) is its vocabulary of fixes
     position: int = 1000  # where it is listed (replay's columns, --semantics, the docs): the built-ins first
+    needs: tuple[Needs, ...] = ()  # fields that mean something only with another setting on
 
 
 @dataclass(frozen=True)

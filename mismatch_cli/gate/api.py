@@ -12,14 +12,8 @@ from typing import Any
 
 from mismatch_cli.correction import CorrectionConfig
 from mismatch_cli.errors import MismatchError, MissingGroupError, UsageError
-from mismatch_cli.gate.comparison import (
-    Comparison,
-    compare_reports,
-    correction_notes,
-    is_report_path,
-    load_side,
-    parse_min_differences,
-)
+from mismatch_cli.gate.bugs import fail_bug_passes
+from mismatch_cli.gate.comparison import Comparison, compare_reports, is_report_path, parse_min_differences
 from mismatch_cli.gate.nway import RunsComparison, compare_runs, default_labels, refuse_repeated_inputs
 from mismatch_cli.gate.thresholds import (
     MISSING_POLICIES,
@@ -89,13 +83,13 @@ class RunsResult:
         return self.comparison.verdict()
 
     def table(self) -> Any:
-        """One row per metric and run (metric, run, value, low, high, best, worst) as a pandas DataFrame."""
+        """One row per metric and run (metric, run, value, low, high, best, worst, bug) as a pandas DataFrame."""
         import pandas as pd
 
         return pd.DataFrame([
             {"metric": row.metric, "run": label, "value": row.values[label],
              "low": (row.intervals[label] or [None, None])[0], "high": (row.intervals[label] or [None, None])[1],
-             "best": row.best == label, "worst": row.worst == label}
+             "best": row.best == label, "worst": row.worst == label, "bug": row.bug_values.get(label)}
             for row in self.comparison.rows for label in self.comparison.labels])
 
 
@@ -181,6 +175,23 @@ def _analyzer(options: dict[str, Any], rules: list[Rule]) -> Callable[[list[str]
             raise (exc.asked_by(f"the rule {rule}") if rule else exc) from None
 
     return analyze_for_rules
+
+
+def load_side(arg: str, analyze: Callable[[list[str]], Report]) -> tuple[Report, bool]:
+    """A side's report: read back from report.json, or analyzed from its dumps; and whether it was a report."""
+    if is_report_path(arg):
+        path = os.path.join(arg, "report.json") if os.path.isdir(arg) else arg  # a missing x.json is named as given
+        return Report.load(path), True
+    return analyze([arg]), False
+
+
+def correction_notes(label: str, report: Report, requested: dict[str, Any]) -> list[str]:
+    """Warn when a report side was made with another correction than the flags ask for."""
+    differing = [k for k, v in requested.items() if k in report.config and report.config[k] != v]
+    if not differing:
+        return []
+    return [f"{label} is a report analyzed with {', '.join(f'{k}={report.config[k]!r}' for k in differing[:3])}; "
+            "correction flags do not apply to a report (re-analyze its dumps to change them)"]
 
 
 def _side(side: Side, analyze: Callable[[list[str]], Report], label: str | None) -> Sided:
@@ -314,8 +325,10 @@ def check(inputs: Sequence[str | os.PathLike] | str | os.PathLike | Report, rule
     notes = _side_notes([Sided("the input", candidate, True)], correction, analyze_options) if from_report else []
     baseline_side = _side(baseline, analyze, None) if baseline is not None else None
     baseline_report = baseline_side.report if baseline_side is not None else None
-    return CheckRun(evaluate(rule_list, candidate, baseline_report, policy), candidate, baseline_report,
-                    baseline_side.label if baseline_side is not None else None, notes)
+    result = evaluate(rule_list, candidate, baseline_report, policy)
+    fail_bug_passes(result, candidate, baseline_report)  # a rule never passes on a value only a bug allows
+    return CheckRun(result, candidate, baseline_report, baseline_side.label if baseline_side is not None else None,
+                    notes)
 
 
 def could_not_run(error: MismatchError) -> CheckResult:

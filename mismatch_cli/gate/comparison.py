@@ -4,19 +4,21 @@ Each side is a finished `Report` (read from report.json, or analyzed from dumps 
 `~` (within noise) when the two 95 % bootstrap intervals overlap, `=` (no practical change) when it is
 smaller than the metric's minimal practical difference (registry default, or the caller's); otherwise
 it is `+` (worse) or `-` (better) by the metric's direction; `x` marks a metric only one side has, `!`
-a breached limit.
+a breached limit, `B` a change that looks better only because of a value only a bug allows (gate/bugs.py),
+which counts as neither better nor worse.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from mismatch_cli.correction import REPLAY_FAMILIES
 from mismatch_cli.errors import DataError, UsageError, suggest
+from mismatch_cli.gate.bugs import BUG, BUG_LEGEND, bug_clause, bug_title, bug_value_reason, fail_bug_passes
 from mismatch_cli.gate.noise import min_difference_of, overlap
 from mismatch_cli.gate.thresholds import CheckResult, Rule, evaluate
 from mismatch_cli.metrics import Direction, aliases_of, closest, resolve_name
@@ -36,6 +38,7 @@ MARKS = {
     BREACH: "limit breached",
     ONE_SIDE: "only on one side",
     CHANGED: "changed; no better direction (a count, or a metric the registry does not know)",
+    BUG: BUG_LEGEND,
 }
 
 # The headline metrics, in table order (others join when a rule names them, and veto fractions).
@@ -84,6 +87,8 @@ class MetricRow:
     base_interval: list[float] | None = None
     candidate_interval: list[float] | None = None
     min_difference: float | None = None  # the smallest change that counts, in the metric's unit (None: any)
+    base_bug: str | None = None  # why the base's value is one only a bug allows (None: it is not)
+    candidate_bug: str | None = None
 
     @property
     def change(self) -> float | None:
@@ -101,12 +106,14 @@ class MetricRow:
         return change / abs(self.base)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready mapping."""
-        return {"metric": self.metric, "base": self.base, "candidate": self.candidate, "change": self.change,
+        """A JSON-ready mapping (with `bug`, by side, only where a side's value is a bug's)."""
+        body = {"metric": self.metric, "base": self.base, "candidate": self.candidate, "change": self.change,
                 "relative_change": self.relative,
                 "direction": None if self.direction is None else self.direction.phrase, "mark": self.mark,
                 "base_interval": self.base_interval, "candidate_interval": self.candidate_interval,
                 "min_difference": self.min_difference}
+        bugs = {side: why for side, why in (("base", self.base_bug), ("candidate", self.candidate_bug)) if why}
+        return {**body, "bug": bugs} if bugs else body
 
 
 @dataclass
@@ -139,6 +146,15 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     check: CheckResult | None = None
     has_intervals: bool = True
+    base_bug: str | None = None  # the title of a side's own BUG diagnosis (None: its verdict is not BUG)
+    candidate_bug: str | None = None
+
+    def bugs(self) -> list[str]:
+        """Each side with a bug in its dump or config, and the bug (its BUG title, or why its values are a bug's)."""
+        clauses = (bug_clause("the base", self.base_bug, {r.metric: r.base_bug for r in self.rows if r.base_bug}),
+                   bug_clause("the candidate", self.candidate_bug,
+                              {r.metric: r.candidate_bug for r in self.rows if r.candidate_bug}))
+        return [clause for clause in clauses if clause]
 
     def counts(self) -> dict[str, int]:
         """How many rows carry each mark."""
@@ -151,17 +167,18 @@ class Comparison:
         better = [r.metric for r in self.rows if r.mark == BETTER]
         parts = [f"{counts[WORSE]} worse", f"{counts[BETTER]} better", f"{counts[NOISE]} within noise"]
         for mark, words in ((SAME, "below the practical difference"), (BREACH, "breached"),
-                            (ONE_SIDE, "only on one side"), (CHANGED, "changed")):
+                            (ONE_SIDE, "only on one side"), (CHANGED, "changed"), (BUG, "a bug's value")):
             if counts[mark]:
                 parts.append(f"{counts[mark]} {words}")
         summary = ", ".join(parts)
+        bugs = f"BUG - {'; '.join(self.bugs())}" if self.bugs() else ""  # named whatever else the line says
         if self.check is not None and self.check.exit_code == 1:
             return f"verdict: FAIL - {len(self.check.breaches)} limit(s) breached ({summary}); " \
-                   f"worst: {self.check.breaches[0].message}"
+                   f"worst: {self.check.breaches[0].message}" + (f"; {bugs}" if bugs else "")
         if self.check is not None and self.check.exit_code:  # a limit that could not be evaluated (exit 2 / 3)
             errors = [o for o in self.check.outcomes if o.status == "error"]
             return f"verdict: ERROR - {len(errors)} limit(s) not evaluated ({summary}); " \
-                   f"{errors[0].rule.text}: {errors[0].message}"
+                   f"{errors[0].rule.text}: {errors[0].message}" + (f"; {bugs}" if bugs else "")
         if worse and better:
             head = "MIXED - candidate changed beyond noise both ways"
         elif worse:
@@ -170,6 +187,7 @@ class Comparison:
             head = f"BETTER - candidate is better beyond noise on {', '.join(_short(m) for m in better)}"
         else:
             head = "NO SIGNIFICANT CHANGE"
+        head = f"{bugs}; {head}" if bugs else head  # the bug first: `B` rows are not counted better
         tail = "" if self.has_intervals else " (some changes judged without intervals; see the notes)"
         return f"verdict: {head} ({summary}){tail}"
 
@@ -184,6 +202,9 @@ class Comparison:
             "notes": self.notes,
             "verdict": self.verdict(),
         }
+        if self.base_bug or self.candidate_bug:
+            body["bug"] = {side: title for side, title in (("base", self.base_bug), ("candidate", self.candidate_bug))
+                           if title}
         if self.check is not None:
             body["check"] = self.check.to_dict()
         return body
@@ -199,7 +220,8 @@ def _value(report: Report, metric: str) -> float | None:
 
 
 def _mark(base: float | None, candidate: float | None, direction: Direction | None, overlapping: bool | None,
-          breached: bool, min_difference: float | None = None) -> str:
+          breached: bool, min_difference: float | None = None, base_bug: bool = False,
+          candidate_bug: bool = False) -> str:
     if base is None or candidate is None:
         return ONE_SIDE
     if breached:
@@ -210,19 +232,21 @@ def _mark(base: float | None, candidate: float | None, direction: Direction | No
         return SAME
     if direction is None:
         return CHANGED
-    return WORSE if direction.badness(candidate) > direction.badness(base) else BETTER
+    mark = WORSE if direction.badness(candidate) > direction.badness(base) else BETTER
+    # A bug's value never wins: neither the candidate's looking better nor the base's making the candidate worse.
+    return BUG if (mark == BETTER and candidate_bug) or (mark == WORSE and base_bug) else mark
 
 
 def _compare_rounds(base: Report, candidate: Report) -> list[RoundRow]:
     if not base.rounds or not candidate.rounds or max(len(base.rounds), len(candidate.rounds)) < 2:
         return []
-    rows = []
+    rows, bugs = [], (bug_title(base) is not None, bug_title(candidate) is not None)
     for k in range(max(len(base.rounds), len(candidate.rounds))):
         b = base.rounds[k] if k < len(base.rounds) else None
         c = candidate.rounds[k] if k < len(candidate.rounds) else None
         bv = None if b is None else b.get("abs_diff_mean")
         cv = None if c is None else c.get("abs_diff_mean")
-        rows.append(RoundRow(k, b, c, _mark(bv, cv, LOWER, None, False)))
+        rows.append(RoundRow(k, b, c, _mark(bv, cv, LOWER, None, False, None, *bugs)))
     return rows
 
 
@@ -309,6 +333,8 @@ def compare_reports(
     rules = rules or []
     differences = resolve_min_differences(min_difference)
     check = evaluate(rules, candidate, base, missing) if rules else None
+    if check is not None:
+        fail_bug_passes(check, candidate, base)
     # Rules over steps or groups judge per-step / per-group values, not the row of the overall metric.
     plain = [o for o in (check.outcomes if check else []) if o.rule.scope is None]
     breached = {o.metric for o in plain if o.status == "fail"}
@@ -329,8 +355,10 @@ def compare_reports(
         bi, ci = base.intervals.get(key), candidate.intervals.get(key)
         direction = direction_of(key)
         least = min_difference_of(key, b, differences)
-        rows.append(MetricRow(key, b, c, direction, _mark(b, c, direction, overlap(bi, ci), key in breached, least),
-                              bi, ci, least))
+        base_bug, candidate_bug = bug_value_reason(base, key), bug_value_reason(candidate, key)
+        mark = _mark(b, c, direction, overlap(bi, ci), key in breached, least, base_bug is not None,
+                     candidate_bug is not None)
+        rows.append(MetricRow(key, b, c, direction, mark, bi, ci, least, base_bug, candidate_bug))
     notes = _config_notes(base, candidate)
     unjudged = [r.metric for r in rows if r.base is not None and r.candidate is not None
                 and not (r.base_interval and r.candidate_interval)]
@@ -339,8 +367,9 @@ def compare_reports(
         notes.append(f"no bootstrap intervals for {shown}: their changes are judged by direction alone "
                      "(the bootstrap covers verl's and mismatch's keys, not an older family's or a replayed "
                      "trainer's; reports made with --bootstrap 0 or by an older version have none)")
+    titles = bug_title(base), bug_title(candidate)
     return Comparison(base_label, candidate_label, rows, _compare_rounds(base, candidate), notes, check,
-                      not unjudged)
+                      not unjudged, *titles)
 
 
 def is_report_path(arg: str) -> bool:
@@ -355,40 +384,8 @@ def is_report_path(arg: str) -> bool:
     return False
 
 
-def load_side(arg: str, analyze: Callable[[list[str]], Report]) -> tuple[Report, bool]:
-    """A side's report: read back from report.json, or analyzed from its dumps; and whether it was a report."""
-    if is_report_path(arg):
-        path = os.path.join(arg, "report.json") if os.path.isdir(arg) else arg  # a missing x.json is named as given
-        return Report.load(path), True
-    return analyze([arg]), False
-
-
-def correction_notes(label: str, report: Report, requested: dict[str, Any]) -> list[str]:
-    """Warn when a report side was made with another correction than the flags ask for."""
-    differing = [k for k, v in requested.items() if k in report.config and report.config[k] != v]
-    if not differing:
-        return []
-    return [f"{label} is a report analyzed with {', '.join(f'{k}={report.config[k]!r}' for k in differing[:3])}; "
-            "correction flags do not apply to a report (re-analyze its dumps to change them)"]
-
-
 __all__ = [
-    "CLOSER_TO_1",
-    "HEADLINE",
-    "HIGHER",
-    "LOWER",
-    "LOWER_ABS",
-    "MARKS",
-    "DIFFERENCE_HINT",
-    "Comparison",
-    "MetricRow",
-    "RoundRow",
-    "compare_reports",
-    "correction_notes",
-    "direction_of",
-    "is_report_path",
-    "load_side",
-    "min_difference_of",
-    "parse_min_differences",
+    "CLOSER_TO_1", "DIFFERENCE_HINT", "HEADLINE", "HIGHER", "LOWER", "LOWER_ABS", "MARKS", "Comparison", "MetricRow",
+    "RoundRow", "compare_reports", "direction_of", "is_report_path", "min_difference_of", "parse_min_differences",
     "resolve_min_differences",
 ]

@@ -8,6 +8,10 @@ overlap or their values are equal, `=` (no practical difference) when best and w
 metric's minimal practical difference (a relative one is a fraction of the smaller |value| of the two),
 `*` when the runs differ beyond both, and `x` when some run lacks the metric. Metrics without a
 direction (counts, unknown keys) get no best or worst; their extremes are the smallest and largest value.
+
+A value only a bug allows (every value of a run whose report says BUG, a χ² below 0 or a token ratio mean
+below 1 beyond noise: gate/bugs.py) is never best: the best is the best of the other runs' values (the worst
+may be a bug's), and a row is `B` when no run without a bug's value is better than another.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import PurePath
 from typing import Any
 
 from mismatch_cli.errors import DataError, UsageError
+from mismatch_cli.gate.bugs import BUG, bug_clause, bug_title, bug_value_reason
 from mismatch_cli.gate.comparison import (
     HEADLINE,
     direction_of,
@@ -37,6 +42,7 @@ NWAY_MARKS = {
     NOISE: "within noise (the best and the worst run's 95 % intervals overlap, or equal values)",
     SAME: "no practical difference (best and worst closer than the metric's minimal practical difference)",
     MISSING: "missing in some run",
+    BUG: "not judged: only a bug's values are better than the others (a bug's value is never best)",
 }
 
 
@@ -46,10 +52,12 @@ class Run:
 
     label: str
     source: str  # the path as given, or "report" for a Report passed from Python
+    bug: str | None = None  # the title of the run's own BUG diagnosis (None: its verdict is not BUG)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready mapping."""
-        return {"label": self.label, "source": self.source}
+        """A JSON-ready mapping (with `bug` only for a run whose report says BUG)."""
+        body = {"label": self.label, "source": self.source}
+        return {**body, "bug": self.bug} if self.bug else body
 
 
 @dataclass
@@ -64,6 +72,7 @@ class SpreadRow:
     best: str | None = None
     worst: str | None = None
     min_difference: float | None = None  # the smallest best-to-worst gap that counts (None: any)
+    bug_values: dict[str, str] = field(default_factory=dict)  # label -> why its value is one only a bug allows
 
     @property
     def spread(self) -> float | None:
@@ -72,10 +81,11 @@ class SpreadRow:
         return max(present) - min(present) if len(present) >= 2 else None
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready mapping."""
-        return {"metric": self.metric, "direction": None if self.direction is None else self.direction.phrase,
+        """A JSON-ready mapping (with `bug_values` only where some run's value is a bug's)."""
+        body = {"metric": self.metric, "direction": None if self.direction is None else self.direction.phrase,
                 "mark": self.mark, "values": dict(self.values), "intervals": dict(self.intervals),
                 "best": self.best, "worst": self.worst, "spread": self.spread, "min_difference": self.min_difference}
+        return {**body, "bug_values": dict(self.bug_values)} if self.bug_values else body
 
 
 @dataclass
@@ -96,20 +106,28 @@ class RunsComparison:
         """How many rows carry each mark."""
         return {mark: sum(r.mark == mark for r in self.rows) for mark in NWAY_MARKS}
 
+    def bugs(self) -> list[str]:
+        """Each run with a bug in its dump or config, and the bug (its BUG title, or why its values are a bug's)."""
+        clauses = (bug_clause(run.label, run.bug, {r.metric: r.bug_values[run.label] for r in self.rows
+                                                   if run.label in r.bug_values}) for run in self.runs)
+        return [clause for clause in clauses if clause]
+
     def verdict(self) -> str:
-        """One line: on which metrics the runs differ beyond noise, and which run is most often best and worst."""
+        """One line: which run has a bug, on which metrics the runs differ beyond noise, and which run is most
+        often best and worst."""
         counts = self.counts()
         parts = [f"{counts[DIFFER]} differ", f"{counts[NOISE]} within noise"]
-        if counts[SAME]:
-            parts.append(f"{counts[SAME]} below the practical difference")
-        if counts[MISSING]:
-            parts.append(f"{counts[MISSING]} missing in some run")
+        for mark, words in ((SAME, "below the practical difference"), (MISSING, "missing in some run"),
+                            (BUG, "not judged for a bug's values")):
+            if counts[mark]:
+                parts.append(f"{counts[mark]} {words}")
         summary = ", ".join(parts)
         differing = [r for r in self.rows if r.mark == DIFFER]
         tail = "" if self.has_intervals else " (some spreads judged without intervals; see the notes)"
+        bugs = f"BUG - {'; '.join(self.bugs())} (never best); " if self.bugs() else ""  # the bug first
         if not differing:
-            return f"verdict: NO SIGNIFICANT DIFFERENCE between the {len(self.runs)} runs ({summary}){tail}"
-        head = f"verdict: RUNS DIFFER beyond noise on {', '.join(_short(r.metric) for r in differing)}"
+            return f"verdict: {bugs}NO SIGNIFICANT DIFFERENCE between the {len(self.runs)} runs ({summary}){tail}"
+        head = f"verdict: {bugs}RUNS DIFFER beyond noise on {', '.join(_short(r.metric) for r in differing)}"
         ranked = [r for r in differing if r.best is not None]
         if ranked:
             head += f"; best most often: {_most_often([r.best for r in ranked])}, " \
@@ -151,9 +169,15 @@ def _row(metric: str, reports: Mapping[str, Report], differences: Mapping[str, t
     intervals = {label: report.intervals.get(metric) for label, report in reports.items()}
     direction = direction_of(metric)
     present = {k: v for k, v in values.items() if v is not None}
+    bugs = {label: why for label in present if (why := bug_value_reason(reports[label], metric)) is not None}
     if len(present) < 2:
-        return SpreadRow(metric, values, intervals, direction, MISSING)
+        return SpreadRow(metric, values, intervals, direction, MISSING, bug_values=bugs)
     low, high = _extremes(present, direction)
+    clean = {k: v for k, v in present.items() if k not in bugs}
+    if direction is not None and low in bugs:  # a bug's value is never best: the best of the others is
+        low = _extremes(clean, direction)[0] if clean else high
+        if low == high:  # every run that would be better has a bug's value
+            return SpreadRow(metric, values, intervals, direction, BUG, bug_values=bugs)
     a, b = present[low], present[high]
     least = min_difference_of(metric, min(abs(a), abs(b)), differences)
     ia, ib = intervals[low], intervals[high]
@@ -167,7 +191,7 @@ def _row(metric: str, reports: Mapping[str, Report], differences: Mapping[str, t
         mark = DIFFER
     named = direction is not None and a != b  # all equal: nobody is best
     return SpreadRow(metric, values, intervals, direction, mark, low if named else None, high if named else None,
-                     least)
+                     least, bugs)
 
 
 def _correction_notes(reports: Mapping[str, Report]) -> list[str]:
@@ -217,8 +241,8 @@ def compare_runs(runs: Sequence[tuple[str, Report]], sources: Sequence[str] | No
         notes.append(f"no bootstrap intervals in every run for {shown}: their spread is judged by the minimal "
                      "practical difference alone (reports made with --bootstrap 0 or by an older version have none)")
     given = list(sources) if sources is not None else labels
-    return RunsComparison([Run(label, source) for label, source in zip(labels, given, strict=True)], rows, notes,
-                          not unjudged)
+    runs_given = [Run(label, source, bug_title(reports[label])) for label, source in zip(labels, given, strict=True)]
+    return RunsComparison(runs_given, rows, notes, not unjudged)
 
 
 def default_labels(paths: Sequence[str]) -> list[str]:
@@ -253,6 +277,7 @@ def refuse_repeated_inputs(paths: Sequence[str]) -> None:
 
 
 __all__ = [
+    "BUG",
     "DIFFER",
     "MISSING",
     "NOISE",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import math
+from dataclasses import replace
 
 from mismatch_cli.correction.model import RS_OPTIONS
 from mismatch_cli.correction.registry import replay_families
@@ -25,6 +26,9 @@ IS_STD_BAND = Band(None, 1.0, VERL_DOCS)
 KL_BAND = Band(None, 0.1, VERL_DOCS, absolute=True)
 CHI2_BAND = Band(None, 1.0, VERL_DOCS)
 VETO_BAND = Band(None, 0.1, VERL_DOCS)
+# What a correction may remove from the gradient: verl's band for its veto fraction (the share of sequences the
+# veto drops), held to every share of tokens or sequences a correction masks, rejects or drops (Metric.removes).
+DROP_BAND = Band(None, 0.1, VERL_DOCS + ": its veto-fraction band, for any share a correction removes")
 SEQ_ESS_BAND = Band(0.3, None, "verl docs/algo/rollout_corr.md, its IS ESS band applied to the raw sequence weights "
                     "(checked when the correction is sequence-level)")
 # The engines' agreement itself: no correction changes these, so they judge the log-probs, not the weights.
@@ -86,7 +90,10 @@ ROUNDS = Family("per round (verl PR #5229)", "always (`per_round/`); one key per
 _KEY_MODULES = dict.fromkeys(family.keys for family in replay_families().values() if family.keys)
 _TRAINER_KEYS = [importlib.import_module(module) for module in _KEY_MODULES]
 TRAINER_FAMILIES: tuple[Family, ...] = tuple(module.FAMILY for module in _TRAINER_KEYS)
-TRAINER_METRICS: tuple[Metric, ...] = tuple(metric for module in _TRAINER_KEYS for metric in module.METRICS)
+# A trainer's share of removed tokens or sequences is held to the drop band, as verl's are.
+TRAINER_METRICS: tuple[Metric, ...] = tuple(
+    replace(metric, band=DROP_BAND) if metric.removes and metric.band is None else metric
+    for module in _TRAINER_KEYS for metric in module.METRICS)
 FAMILIES = (OFFPOLICY, IS, VETO, RS_TOTAL, RS_OPTION, RS_OLD, OLD_OFFPOLICY, OLD_IS, *TRAINER_FAMILIES, DIAG, ROUNDS)
 
 # -------------------------------------------------------------------------------------- reductions
@@ -197,7 +204,8 @@ def _veto(prefix: str, family: Family, alias: bool = False) -> list[Metric]:
     return [
         Metric(prefix + "veto_fraction", family, ROW_FRACTION, "fraction", LOWER,
                "share of rows vetoed: a valid token's ratio is beyond the veto threshold", band=VETO_BAND,
-               practical_difference=FRACTION_DIFFERENCE, alias_of=verl + "veto_fraction" if alias else None),
+               practical_difference=FRACTION_DIFFERENCE, alias_of=verl + "veto_fraction" if alias else None,
+               removes="sequences"),
         Metric(prefix + "catastrophic_token_fraction", family, TOKEN_FRACTION, "fraction", LOWER,
                "share of valid tokens whose ratio is beyond the veto threshold",
                practical_difference=FRACTION_DIFFERENCE,
@@ -214,10 +222,11 @@ def _older_importance() -> list[Metric]:
                          alias_prefix="rollout_corr/rollout_is_")
             + _veto(prefix, OLD_IS, alias=True) + quantiles + [
         Metric(prefix + "masked_fraction", OLD_IS, TOKEN_FRACTION, "fraction", LOWER,
-               "mask mode: share of valid tokens whose weight is zeroed", practical_difference=FRACTION_DIFFERENCE),
+               "mask mode: share of valid tokens whose weight is zeroed", practical_difference=FRACTION_DIFFERENCE,
+               band=DROP_BAND, removes="tokens"),
         Metric(prefix + "seq_masked_fraction", OLD_IS, ROW_FRACTION, "fraction", LOWER,
                "mask mode: share of rows with a zeroed weight (sequence / geometric: the row's ratio out of band)",
-               practical_difference=FRACTION_DIFFERENCE),
+               practical_difference=FRACTION_DIFFERENCE, band=DROP_BAND, removes="sequences"),
     ])
 
 
@@ -231,10 +240,10 @@ def _rejection() -> list[Metric]:
     totals = [
         Metric("rollout_corr/rollout_rs_masked_fraction", RS_TOTAL, TOKEN_FRACTION, "fraction", LOWER,
                "share of valid tokens rejected by RS (all options together)",
-               practical_difference=FRACTION_DIFFERENCE),
+               practical_difference=FRACTION_DIFFERENCE, band=DROP_BAND, removes="tokens"),
         Metric("rollout_corr/rollout_rs_seq_masked_fraction", RS_TOTAL, ROW_FRACTION, "fraction", LOWER,
                "share of rows with any valid token rejected (empty rows count in the denominator)",
-               practical_difference=FRACTION_DIFFERENCE),
+               practical_difference=FRACTION_DIFFERENCE, band=DROP_BAND, removes="sequences"),
     ]
     # (stat, reduction, unit, meaning, placeholder): `kx` stats are signed for k1 (best near 0 either way).
     stats = (

@@ -97,6 +97,9 @@ class Metric:
     practical_difference: float | None = None  # default minimal change worth reporting in compare
     practical_relative: bool = False  # practical_difference is a fraction of |base|, not an absolute amount
     alias_of: str | None = None  # the same quantity under the current verl key
+    # For the share of valid tokens ("tokens") or of sequences ("sequences") a correction removes from the
+    # gradient (masks, rejects, drops): health holds it to the drop band whenever the key is reported.
+    removes: str = ""
     placeholders: dict[str, tuple[str, ...] | None] = field(default_factory=dict, compare=False, hash=False)
 
     @property

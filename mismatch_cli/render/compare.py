@@ -9,8 +9,9 @@ from typing import Any
 
 from rich.console import Console
 
+from mismatch_cli.gate.bugs import BUG, BUG_PASS
 from mismatch_cli.gate.comparison import MARKS, Comparison, MetricRow
-from mismatch_cli.gate.thresholds import CheckResult
+from mismatch_cli.gate.thresholds import CheckResult, Outcome
 from mismatch_cli.render.cells import format_percent, format_signed, format_value, markdown_cell
 from mismatch_cli.render.paths import display_path, paths_in_text
 from mismatch_cli.render.sections import SHOWN_ROUNDS, shown_rounds
@@ -20,7 +21,7 @@ from mismatch_cli.report import Report, strict_json
 COLUMNS = ["", "metric", "base", "base 95% CI", "candidate", "candidate 95% CI", "change", "rel.", "better"]
 ROUND_COLUMNS = ["", "round", "base tokens", "cand. tokens", "base mean |d|", "cand. mean |d|", "change", "rel.",
                  "base k1 KL", "cand. k1 KL"]
-_STYLES = {"+": "red", "!": "bold red", "-": "green", "x": "yellow"}
+_STYLES = {"+": "red", "!": "bold red", "-": "green", "x": "yellow", BUG: "bold magenta"}
 
 
 def _interval(interval: list[float] | None) -> str:
@@ -79,6 +80,16 @@ def legend(comparison: Comparison) -> str:
     return "marks: " + "; ".join(f"{m} {MARKS[m]}" for m in used) if used else ""
 
 
+def side_tags(comparison: Comparison) -> tuple[str, str]:
+    """What follows each side's label in a title: ` (BUG)` for a side whose report says BUG, else nothing."""
+    return (" (BUG)" if comparison.base_bug else "", " (BUG)" if comparison.candidate_bug else "")
+
+
+def bug_lines(comparison: Comparison) -> list[str]:
+    """One line per side with a bug in its dump or config, naming the bug (empty for clean runs)."""
+    return [f"BUG: {clause}" for clause in comparison.bugs()]
+
+
 def _grid(title: str | None, columns: list[str], rows: list[list[str]], kinds: list[Kind],
           repeat: int = 2) -> Grid:
     """A table whose first column is the mark: numbers right-aligned, labels and prose left-aligned."""
@@ -108,12 +119,16 @@ def render_compare_table(comparison: Comparison, console: Console) -> None:
     # The title's first line holds `mismatch compare: base PATH vs`, its second `candidate PATH`.
     room = console.width - len("candidate ")
     labels = comparison.base_label, comparison.candidate_label
-    base = display_path(labels[0], console.width - len("mismatch compare: base  vs"))
-    title = f"mismatch compare: base {base} vs candidate {display_path(labels[1], room)}"
+    tags = side_tags(comparison)
+    base = display_path(labels[0], console.width - len("mismatch compare: base  vs") - len(tags[0]))
+    candidate = display_path(labels[1], room - len(tags[1]))
+    title = f"mismatch compare: base {base}{tags[0]} vs candidate {candidate}{tags[1]}"
     kinds: list[Kind] = ["fixed", "fixed", "wrap", "wrap", "fixed", "wrap"]
     print_grid(_grid(title, TERMINAL_COLUMNS, [terminal_cells(r) for r in comparison.rows], kinds), console)
     console.print("rollout_corr/ keys are shown without their prefix. " + legend(comparison), highlight=False,
                   markup=False)
+    for line in bug_lines(comparison):
+        console.print(line, style="bold magenta", highlight=False, markup=False)
     if comparison.rounds:
         console.print()
         # change and rel. share a cell (two lines), as in the metric table, so the table fits 80 columns.
@@ -146,7 +161,10 @@ def outcome_cells(result: CheckResult) -> list[list[str]]:
     def number(value: float | None) -> str:
         return "-" if value is None else format_value(value)
 
-    return [[_STATUS_MARK[o.status], o.rule.text, number(o.value), number(o.baseline), number(o.bound),
+    def mark(outcome: Outcome) -> str:  # a rule failed for passing only on a bug's value is marked as the bug
+        return BUG if outcome.status == "fail" and BUG_PASS in outcome.message else _STATUS_MARK[outcome.status]
+
+    return [[mark(o), o.rule.text, number(o.value), number(o.baseline), number(o.bound),
              o.status, "; ".join([o.message, *(f"warning: {w}" for w in o.warnings)])] for o in result.outcomes]
 
 
@@ -194,8 +212,10 @@ def markdown_table(columns: list[str], rows: list[list[str]]) -> list[str]:
 
 def render_compare_markdown(comparison: Comparison) -> str:
     """The comparison as Markdown (for PR comments and step summaries)."""
-    lines = [f"## mismatch compare: `{display_path(comparison.base_label)}` (base) vs "
-             f"`{display_path(comparison.candidate_label)}` (candidate)", ""]
+    tags = side_tags(comparison)
+    lines = [f"## mismatch compare: `{display_path(comparison.base_label)}` (base){tags[0]} vs "
+             f"`{display_path(comparison.candidate_label)}` (candidate){tags[1]}", ""]
+    lines += [f"**{markdown_cell(line)}**" for line in bug_lines(comparison)] + ([""] if comparison.bugs() else [])
     lines += markdown_table(COLUMNS, [metric_cells(r) for r in comparison.rows]) + [""]
     if legend(comparison):
         lines += [markdown_cell(legend(comparison)), ""]
@@ -330,6 +350,8 @@ def render_compare_plots(comparison: Comparison, base: Report, candidate: Report
 
 __all__ = [
     "terminal_cells",
+    "bug_lines",
+    "side_tags",
     "check_cells",
     "check_title",
     "outcome_cells",

@@ -5,9 +5,19 @@ from __future__ import annotations
 import base64
 from html import escape
 
+from mismatch_cli.gate.bugs import BUG
 from mismatch_cli.gate.comparison import Comparison
 from mismatch_cli.gate.nway import RunsComparison
-from mismatch_cli.render.compare import COLUMNS, ROUND_COLUMNS, check_cells, legend, metric_cells, round_cells
+from mismatch_cli.render.compare import (
+    COLUMNS,
+    ROUND_COLUMNS,
+    bug_lines,
+    check_cells,
+    legend,
+    metric_cells,
+    round_cells,
+    side_tags,
+)
 from mismatch_cli.render.html import STYLE
 
 CAPTIONS = {
@@ -20,12 +30,15 @@ EXTRA_STYLE = """
 .verdict { font-size: 15px; font-weight: 600; padding: 8px 14px; border-radius: 6px; background: #eef0f3; }
 .verdict.fail, .verdict.worse { background: #ffe1e1; color: #8a1010; }
 .verdict.better { background: #d8f3dc; color: #1b5e20; }
+.verdict.bug, p.bug { background: #f6e0f6; color: #6a1b6a; }
+p.bug { font-weight: 600; padding: 6px 14px; border-radius: 6px; }
 tr.mark-worse td { background: #ffecec; }
+tr.mark-bug td, td.bug { background: #f6e0f6; }
 tr.mark-better td { background: #e9f7ec; }
 td.best { background: #e9f7ec; font-weight: 600; }
 td.worst { background: #ffecec; font-weight: 600; }
 """
-_ROW_CLASS = {"+": "mark-worse", "!": "mark-worse", "-": "mark-better"}
+_ROW_CLASS = {"+": "mark-worse", "!": "mark-worse", "-": "mark-better", BUG: "mark-bug"}
 
 
 def _rows(columns: list[str], rows: list[list[str]]) -> str:
@@ -37,7 +50,7 @@ def _rows(columns: list[str], rows: list[list[str]]) -> str:
 
 
 def _verdict_class(verdict: str) -> str:
-    for word, css in (("FAIL", "fail"), ("WORSE", "worse"), ("BETTER", "better")):
+    for word, css in (("FAIL", "fail"), ("BUG", "bug"), ("WORSE", "worse"), ("BETTER", "better")):
         if f"verdict: {word}" in verdict:
             return css
     return ""
@@ -67,9 +80,10 @@ def render_compare_html(comparison: Comparison, images: dict[str, bytes]) -> str
     parts = [
         *_head(f"{comparison.base_label} vs {comparison.candidate_label}"),
         "<h1>mismatch compare</h1>",
-        f'<p class="meta">base (reference): {escape(comparison.base_label)}</p>',
-        f'<p class="meta">candidate: {escape(comparison.candidate_label)}</p>',
+        f'<p class="meta">base (reference): {escape(comparison.base_label + side_tags(comparison)[0])}</p>',
+        f'<p class="meta">candidate: {escape(comparison.candidate_label + side_tags(comparison)[1])}</p>',
         f'<p class="verdict {_verdict_class(verdict)}">{escape(verdict)}</p>',
+        *(f'<p class="bug">{escape(line)}</p>' for line in bug_lines(comparison)),
         "<h2>Metrics</h2>",
         _rows(COLUMNS, [metric_cells(row) for row in comparison.rows]),
     ]
@@ -91,16 +105,18 @@ def render_compare_html(comparison: Comparison, images: dict[str, bytes]) -> str
 
 
 def _runs_table(comparison: RunsComparison) -> str:
-    """Runs as columns; the best run's cell green, the worst's red."""
-    from mismatch_cli.render.compare_nway import run_cells
+    """Runs as columns; the best run's cell green, the worst's red, a bug's value purple."""
+    from mismatch_cli.render.compare_nway import run_cells, run_heading
 
     labels = comparison.labels
-    head = "".join(f"<th>{escape(c)}</th>" for c in ["mark", "metric", *labels, "best", "worst", "better"])
+    head = "".join(f"<th>{escape(c)}</th>" for c in ["mark", "metric", *(run_heading(run) for run in comparison.runs),
+                                                     "best", "worst", "better"])
     body = []
     for row in comparison.rows:
         cells = [f"<td>{escape(row.mark)}</td>", f"<td>{escape(row.metric)}</td>"]
         for label in labels:
             css = ' class="best"' if label == row.best else ' class="worst"' if label == row.worst else ""
+            css = ' class="bug"' if label in row.bug_values else css
             cells.append(f"<td{css}>{escape(' '.join(p for p in run_cells(row, label) if p))}</td>")
         better = row.direction.phrase if row.direction is not None else "?"
         cells += [f"<td>{escape(row.best or '-')}</td>", f"<td>{escape(row.worst or '-')}</td>",
@@ -111,14 +127,15 @@ def _runs_table(comparison: RunsComparison) -> str:
 
 def render_runs_html(comparison: RunsComparison, images: dict[str, bytes]) -> str:
     """A comparison of three or more runs as one HTML document, its plot embedded as a data URI."""
-    from mismatch_cli.render.compare_nway import legend
+    from mismatch_cli.render.compare_nway import bug_lines, legend
 
     verdict = comparison.verdict()
     parts = [
         *_head(", ".join(comparison.labels)),
         f"<h1>mismatch compare: {len(comparison.runs)} runs</h1>",
         *(f'<p class="meta">{escape(run.label)}: {escape(run.source)}</p>' for run in comparison.runs),
-        f'<p class="verdict">{escape(verdict)}</p>',
+        f'<p class="{" ".join(["verdict", _verdict_class(verdict)]).strip()}">{escape(verdict)}</p>',
+        *(f'<p class="bug">{escape(line)}</p>' for line in bug_lines(comparison)),
         "<h2>Metrics</h2>",
         _runs_table(comparison),
     ]

@@ -7,13 +7,14 @@ import json
 
 from rich.console import Console
 
-from mismatch_cli.gate.nway import NWAY_MARKS, RunsComparison, SpreadRow
+from mismatch_cli.gate.bugs import BUG, BUG_WHY
+from mismatch_cli.gate.nway import NWAY_MARKS, Run, RunsComparison, SpreadRow
 from mismatch_cli.render.cells import format_value, markdown_cell
 from mismatch_cli.render.table import Grid, Kind, plan_blocks, print_grid
 from mismatch_cli.report import strict_json
 
 PREFIX = "rollout_corr/"
-_STYLES = {"*": "bold", "x": "yellow"}
+_STYLES = {"*": "bold", "x": "yellow", BUG: "magenta"}
 PLOT_NAME = "compare_metrics.png"
 
 
@@ -30,9 +31,22 @@ def _better(row: SpreadRow) -> str:
 
 
 def run_cells(row: SpreadRow, label: str) -> tuple[str, str]:
-    """A run's value and its interval as two strings ("-" and "" when the run lacks the metric)."""
+    """A run's value (after `B ` when it is a bug's) and its interval ("-" and "" when the run lacks the metric)."""
     value = row.values.get(label)
-    return ("-", "") if value is None else (format_value(value), _interval(row.intervals.get(label)))
+    if value is None:
+        return "-", ""
+    shown = f"{BUG} {format_value(value)}" if label in row.bug_values else format_value(value)
+    return shown, _interval(row.intervals.get(label))
+
+
+def run_heading(run: Run) -> str:
+    """A run's label as a column heading: `LABEL (BUG)` for a run whose report says BUG."""
+    return f"{run.label} (BUG)" if run.bug else run.label
+
+
+def bug_lines(comparison: RunsComparison) -> list[str]:
+    """One line per run with a bug in its dump or config, naming the bug (empty for clean runs)."""
+    return [f"BUG: {clause}" for clause in comparison.bugs()]
 
 
 def column_cells(row: SpreadRow, labels: list[str]) -> list[str]:
@@ -48,6 +62,7 @@ def stacked_cells(row: SpreadRow, labels: list[str]) -> list[list[str]]:
     for i, label in enumerate(labels):
         value, interval = run_cells(row, label)
         rank = "best" if label == row.best else "worst" if label == row.worst else ""
+        rank = rank or ("bug" if label in row.bug_values else "")
         lines.append([row.mark if i == 0 else "", names[i] if i < len(names) else "", label, value, interval, rank])
     return lines
 
@@ -62,7 +77,8 @@ def columns_grid(comparison: RunsComparison) -> Grid:
     labels = comparison.labels
     rows = [column_cells(row, labels) for row in comparison.rows]
     kinds: list[Kind] = ["fixed", "fixed", *["wrap"] * len(labels), "fixed", "fixed", "wrap"]
-    return _grid(["", "metric", *labels, "best", "worst", "better"], rows, kinds,
+    headings = [run_heading(run) for run in comparison.runs]
+    return _grid(["", "metric", *headings, "best", "worst", "better"], rows, kinds,
                  [_STYLES.get(row.mark) for row in comparison.rows])
 
 
@@ -88,8 +104,10 @@ def nway_grid(comparison: RunsComparison, width: int) -> Grid:
 
 def legend(comparison: RunsComparison) -> str:
     """The marks that appear, in words."""
-    used = [m for m in NWAY_MARKS if any(r.mark == m for r in comparison.rows)]
-    return "marks: " + "; ".join(f"{m} {NWAY_MARKS[m]}" for m in used) if used else ""
+    used = [f"{m} {NWAY_MARKS[m]}" for m in NWAY_MARKS if any(r.mark == m for r in comparison.rows)]
+    if any(r.bug_values for r in comparison.rows):
+        used.append(f"{BUG} before a value: a bug's value ({BUG_WHY}), never best")
+    return "marks: " + "; ".join(used) if used else ""
 
 
 def render_runs_table(comparison: RunsComparison, console: Console) -> None:
@@ -103,6 +121,8 @@ def render_runs_table(comparison: RunsComparison, console: Console) -> None:
     print_grid(nway_grid(comparison, console.width), console)
     console.print(f"{PREFIX} keys are shown without their prefix; best and worst by the metric's direction. "
                   + legend(comparison), highlight=False, markup=False)
+    for line in bug_lines(comparison):
+        console.print(line, style="bold magenta", highlight=False, markup=False)
     for note in comparison.notes:
         console.print(f"note: {note}", highlight=False, markup=False)
 
@@ -114,7 +134,8 @@ def render_runs_markdown(comparison: RunsComparison) -> str:
     labels = comparison.labels
     lines = [f"## mismatch compare: {len(labels)} runs side by side", ""]
     lines += [f"- `{run.label}`: `{run.source}`" for run in comparison.runs] + [""]
-    columns = ["mark", "metric", *labels, "best", "worst", "better"]
+    lines += [f"**{markdown_cell(line)}**" for line in bug_lines(comparison)] + ([""] if comparison.bugs() else [])
+    columns = ["mark", "metric", *(run_heading(run) for run in comparison.runs), "best", "worst", "better"]
     lines += ["| " + " | ".join(markdown_cell(c) for c in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     for row in comparison.rows:
         runs = [" ".join(part for part in run_cells(row, label) if part) for label in labels]
@@ -168,6 +189,7 @@ def render_runs_plot(comparison: RunsComparison) -> dict[str, bytes]:
 
 __all__ = [
     "PLOT_NAME",
+    "bug_lines",
     "column_cells",
     "columns_grid",
     "legend",
@@ -177,6 +199,7 @@ __all__ = [
     "render_runs_plot",
     "render_runs_table",
     "run_cells",
+    "run_heading",
     "stacked_cells",
     "stacked_grid",
 ]

@@ -17,7 +17,6 @@ from mismatch_cli.render.lead import (
     NO_BUG,
     KeyMetric,
     Line,
-    applied_cost,
     bug_signatures,
     causes,
     drift_lines,
@@ -25,7 +24,7 @@ from mismatch_cli.render.lead import (
     glossary,
     key_metrics,
     verdict,
-    what_to_do,
+    what_to_do_of,
 )
 from mismatch_cli.report import Report
 
@@ -105,7 +104,7 @@ def _findings(title: str, findings: list[Mapping[str, Any]], empty: str | None, 
 
 def _what_to_do(report: Report) -> str:
     recommendation = getattr(report, "recommendation", None)
-    lines = what_to_do(recommendation, report.summary.get("diagnosis") or {}, applied_cost(report))
+    lines = what_to_do_of(report)
     if not lines and not recommendation:
         return ""
     return f"<h2>What to do</h2>{_items(lines)}"

@@ -29,6 +29,7 @@ KEY_METRICS = (
 )
 SHOWN_KEY_METRICS = 6
 CAUSE = "concentrated_divergence"
+DROPS = "correction_drops"  # the run's correction removes too much: said in What to do, not among the dump checks
 NO_BUG = "none found (fill, shift, temperature, processed log-probs, identical sides)"
 NO_DRIFT = "no metric trends, shifts or leaves its band over the steps"
 BAD, GOOD = "bad", "good"
@@ -186,8 +187,8 @@ def causes(findings: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 
 def bug_signatures(findings: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The findings that are signatures of the dump (Dump checks)."""
-    return [f for f in findings if f.get("code") != CAUSE]
+    """The findings that are signatures of the dump (Dump checks), not of the run's correction (What to do)."""
+    return [f for f in findings if f.get("code") not in (CAUSE, DROPS)]
 
 
 def cost_text(cost: Mapping[str, Any]) -> str:
@@ -197,8 +198,9 @@ def cost_text(cost: Mapping[str, Any]) -> str:
         parts.append(f"truncates {percent(cost['truncated_token_fraction'])} of tokens")
     if cost.get("truncated_sequence_fraction"):
         parts.append(f"truncates {percent(cost['truncated_sequence_fraction'])} of sequences")
-    parts.append(f"drops {percent(cost.get('masked_token_fraction') or 0.0)} of tokens and "
-                 f"{percent(cost.get('masked_sequence_fraction') or 0.0)} of sequences")
+    tokens, rows = cost.get("masked_token_fraction") or 0.0, cost.get("masked_sequence_fraction") or 0.0
+    parts.append(f"drops {percent(tokens)} of tokens and {percent(rows)} of sequences" if tokens or rows
+                 else "drops nothing")
     if cost.get("ess") is not None:
         parts.append(f"ESS after {format_value(cost['ess'])}")
     return "; ".join(parts)
@@ -232,43 +234,92 @@ def applied_cost(report: Report) -> dict[str, Any] | None:
 
 def what_to_do(recommendation: Mapping[str, Any] | None, diagnosis: Mapping[str, Any],
                applied: Mapping[str, Any] | None = None) -> list[Line]:
-    """A bug's fix first (and no correction), or a precision fix at the source, then the correction: its
-    flags, cost, health after and alternatives (docs/report.md, "The summary"). When nothing new is
-    recommended and the run applies a correction, `applied` (`applied_cost`) says what that one costs."""
+    """A bug's fix first (and no correction), or a correction that drops too much and a precision fix at the
+    source, then the correction: its flags, its own syntax, cost, health after and alternatives (docs/report.md,
+    "The summary"), each fix in the report's trainer. When nothing new is recommended and the run applies a
+    correction, `applied` (`applied_cost`) says what that one costs."""
     lines = _what_to_do(recommendation, diagnosis)
-    if applied and recommendation and not recommendation.get("scenario") and diagnosis.get("kind") != "bug":
+    if applied and recommendation and not recommendation.get("scenario") and diagnosis.get("kind") not in (
+            "bug", "correction"):  # a correction that drops too much says its cost in its own line
         lines.insert(0, _named("your correction costs", cost_text(applied)))
     return lines
 
 
+FIX_LEADS = {"correction_drops": "your correction", "precision_gap": "at the source"}
+
+
+def what_to_do_of(report: Report) -> list[Line]:
+    """What to do for a report: `what_to_do`, then, when several files were pooled into an unhealthy verdict,
+    a hint that they may be runs to compare rather than one run."""
+    lines = what_to_do(getattr(report, "recommendation", None), report.summary.get("diagnosis") or {},
+                       applied_cost(report))
+    if len(report.inputs) > 1 and report.summary.get("status") != "healthy":
+        names = " ".join(item.path for item in report.inputs[:3]) + (" …" if len(report.inputs) > 3 else "")
+        lines.append(_named(f"{len(report.inputs)} files analyzed as one run",
+                            f"if they are separate runs or arms (other precisions, settings or code), compare "
+                            f"them instead: mismatch compare {names}"))
+    return lines
+
+
+def _fixes(recommendation: Mapping[str, Any] | None, diagnosis: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    fixes = list((recommendation or {}).get("fixes") or [])
+    if not fixes:
+        fix = (recommendation or {}).get("fix") or ({"text": diagnosis["fix"], "code": diagnosis.get("code")}
+                                                    if diagnosis.get("fix") else None)
+        fixes = [fix] if fix else []
+    return fixes
+
+
 def _what_to_do(recommendation: Mapping[str, Any] | None, diagnosis: Mapping[str, Any]) -> list[Line]:
-    fix = (recommendation or {}).get("fix") or ({"text": diagnosis["fix"]} if diagnosis.get("fix") else None)
-    if not recommendation and not fix:
+    fixes = _fixes(recommendation, diagnosis)
+    if not recommendation and not fixes:
         return []
-    if fix and diagnosis.get("kind") == "bug":
+    if fixes and diagnosis.get("kind") == "bug":
         # A correction reweights real log-probs; it cannot repair log-probs that are not the engine's.
-        return [_named("fix first", fix["text"], BAD),
+        return [_named("fix first", fixes[0]["text"], BAD),
                 _named("no correction is recommended until then", "the numbers above measure the bug, not the "
                        "engines; run mismatch analyze again on a dump made after the fix")]
-    lines = [_named("at the source", fix["text"])] if fix else []
+    lines = []
+    for fix in fixes:
+        if fix.get("code") == "correction_drops" and diagnosis.get("code") == "correction_drops":
+            # The finding's title already says "your correction drops …": the line leads with it.
+            lines.append(Line(f"{diagnosis['title']}: {fix['text']}", BAD, "your correction"))
+            continue
+        lines.append(_named(FIX_LEADS.get(str(fix.get("code")), "at the source"), fix["text"]))
+    recipe = (recommendation or {}).get("recipe")
+    if recipe:
+        lines.append(_named("if the low precision is deliberate (fp8 / int8 / fp16 rollouts)",
+                            f"correct it as low-precision RL recipes do, with {recipe['scenario']}: "
+                            f"{_own_words(recipe)}; it {cost_text(recipe.get('cost') or {})}"))
     if not recommendation:
         return lines
     if not recommendation.get("scenario"):
         return [*lines, Line(str(recommendation.get("reason", "")), prose=True)]
     preset = f" (= --preset {recommendation['preset']})" if recommendation.get("preset") else ""
-    lead = "meanwhile, turn on" if fix else "turn on"
-    lines.append(Line(f"{lead} {recommendation['scenario']}: {recommendation['flags']}{preset}", lead=lead))
+    replacing = any(f.get("code") == "correction_drops" for f in fixes)
+    lead = "instead, turn on" if replacing else "meanwhile, turn on" if fixes else "turn on"
+    own = f"; in {recommendation['trainer']}: {recommendation['native']}" if recommendation.get("native") and \
+        recommendation.get("trainer") else ""
+    lines.append(Line(f"{lead} {recommendation['scenario']}: {recommendation['flags']}{preset}{own}", lead=lead))
     lines.append(_named("cost", cost_text(recommendation.get("cost") or {})))
     after = recommendation.get("health_after") or {}
     if after:
         values = ", ".join(f"{lookup(c['metric']).title if lookup(c['metric']) else c['metric']} "
                            f"{format_value(c['value'])}" for c in after.get("checks", []))
-        kept = "; the log-prob checks stay as they are" if fix else ""
+        kept = "; the log-prob checks stay as they are" if any(f.get("code") == "precision_gap" for f in fixes) \
+            else ""
         lines.append(_named("health after", f"{str(after.get('status')).upper()} ({values}){kept}"))
     alternatives = [a["flags"] for a in recommendation.get("alternatives", [])[:2] if a.get("flags")]
     if alternatives:
         lines.append(_named("also in band", "; ".join(alternatives)))
     return lines
+
+
+def _own_words(option: Mapping[str, Any]) -> str:
+    """An option as the trainer's own configuration when it has one, else as mismatch's flags."""
+    if option.get("native") and option.get("trainer"):
+        return f"in {option['trainer']}, {option['native']}"
+    return str(option.get("flags"))
 
 
 def drift_lines(drift: Mapping[str, Mapping[str, Any]] | None) -> tuple[str, list[Line]] | None:
@@ -328,4 +379,4 @@ def glossary(text: str) -> str | None:
 
 __all__ = ["GLOSSARY", "KEY_METRICS", "NO_BUG", "KeyMetric", "Line", "Verdict", "applied_cost", "bug_signatures",
            "causes", "check_mark", "correction_text", "cost_text", "drift_lines", "findings_of", "glossary",
-           "inputs_text", "key_metrics", "sequence_level", "verdict", "what_to_do"]
+           "inputs_text", "key_metrics", "sequence_level", "verdict", "what_to_do", "what_to_do_of"]

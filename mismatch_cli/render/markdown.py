@@ -15,7 +15,6 @@ from mismatch_cli.render.cells import markdown_cell
 from mismatch_cli.render.lead import (
     NO_BUG,
     Line,
-    applied_cost,
     bug_signatures,
     causes,
     correction_text,
@@ -25,7 +24,7 @@ from mismatch_cli.render.lead import (
     inputs_text,
     key_metrics,
     verdict,
-    what_to_do,
+    what_to_do_of,
 )
 from mismatch_cli.render.paths import display_path
 from mismatch_cli.render.sections import build_sections
@@ -73,7 +72,7 @@ def lead_markdown(report: Report) -> list[str]:
     diagnosis = report.summary.get("diagnosis") or {}
     lines += _findings("Why", causes(findings), None, None)
     recommendation = getattr(report, "recommendation", None)
-    todo = what_to_do(recommendation, diagnosis, applied_cost(report))
+    todo = what_to_do_of(report)
     if todo or recommendation:
         lines += ["## What to do", ""] + [item for line in todo for item in _item(line)] + [""]
     first_fix = diagnosis.get("fix") if diagnosis.get("kind") == "bug" else None

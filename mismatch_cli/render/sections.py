@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mismatch_cli.metrics import METRICS
+from mismatch_cli.correction import replay_families
+from mismatch_cli.metrics import METRICS, lookup
 from mismatch_cli.metrics.catalog import OFFPOLICY
 from mismatch_cli.render.cells import format_percent, format_value, one_line
 from mismatch_cli.render.lead import check_mark
@@ -73,6 +74,23 @@ def offpolicy_section(report: Report) -> Section:
         meaning = f"{metric.reduction.split(' over ')[0]}: {metric.meaning}"
         rows.append([metric.key[len(VERL):], format_value(report.metrics.get(metric.key)), meaning])
     return Section("Off-policy (rollout_corr/)", ["metric", "value", "meaning"], rows)
+
+
+def trainer_section(report: Report) -> Section | None:
+    """A replayed trainer's own keys, with what each means (in place of verl's off-policy table)."""
+    family = replay_families().get(_semantics(report))
+    if family is None:
+        return None
+    rows = []
+    for key, value in report.metrics.items():
+        metric = lookup(key)
+        if key.startswith(("diag/", "per_round/")) or metric is None:
+            continue
+        rows.append([key, format_value(value), metric.meaning.split("; source:")[0]])  # `mismatch metrics KEY`: all
+    if not rows:
+        return Section(f"{family.title} ({family.name})", ["metric", "value"], [],
+                       note="the trainer logs none of its keys under this configuration (its correction is off)")
+    return Section(f"{family.title} ({family.name})", ["metric", "value", "meaning"], rows)
 
 
 def importance_section(report: Report) -> Section | None:
@@ -320,9 +338,10 @@ def worst_sequences_section(report: Report) -> Section | None:
 
 def build_sections(report: Report) -> list[Section]:
     """Every section that applies to this report, in reading order."""
+    replayed = _semantics(report) in replay_families()
     candidates = [
         health_section(report),
-        offpolicy_section(report),
+        trainer_section(report) if replayed else offpolicy_section(report),
         importance_section(report),
         rejection_section(report),
         diagnostics_section(report),

@@ -17,7 +17,6 @@ from rich.markup import escape
 from mismatch_cli.render.lead import (
     BAD,
     NO_BUG,
-    applied_cost,
     bug_signatures,
     causes,
     correction_text,
@@ -27,7 +26,7 @@ from mismatch_cli.render.lead import (
     inputs_text,
     key_metrics,
     verdict,
-    what_to_do,
+    what_to_do_of,
 )
 from mismatch_cli.render.paths import paths_in_text
 from mismatch_cli.report import Report
@@ -51,6 +50,10 @@ class Lines:
         wrapped = textwrap.wrap(text, width=self.width, initial_indent=" " * indent,
                                 subsequent_indent=" " * (indent + hang), break_long_words=False,
                                 break_on_hyphens=False) or [""]
+        # A word longer than the room after the indent (a trainer's setting key) moves left rather than past the
+        # right edge; it is never split.
+        wrapped = [line if len(line) <= self.width or " " in line.strip()
+                   else " " * max(self.width - len(line.strip()), 0) + line.strip() for line in wrapped]
         self.lines += [(line, style) for line in wrapped]
 
     def blank(self) -> None:
@@ -105,7 +108,7 @@ def _findings(out: Lines, findings: list[Mapping[str, Any]], cause: bool) -> Non
 
 def _recommendation(out: Lines, report: Report) -> None:
     recommendation = getattr(report, "recommendation", None)
-    lines = what_to_do(recommendation, report.summary.get("diagnosis") or {}, applied_cost(report))
+    lines = what_to_do_of(report)
     if not lines and not recommendation:
         return
     out.heading("What to do")

@@ -65,9 +65,8 @@ def identical_sides(metrics: dict[str, Any], table: dict[str, Any]) -> list[Find
                     {"tokens": tokens, "bitwise_equal_fraction": 1.0},
                     f"All {tokens} valid tokens are bitwise equal on both sides: the same tensor dumped twice, "
                     "or a deterministic-inference run that reached 0 diff.",
-                    fix="dump the engine's own log-probs as rollout_log_probs, not the trainer's twice (verl: "
-                        "actor_rollout_ref.rollout.calculate_log_probs=True); ignore this for a deterministic-"
-                        "inference run that reached 0 diff")]
+                    fix="dump the engine's own log-probs as rollout_log_probs, not the trainer's twice (ignore "
+                        "this for a deterministic-inference run that reached 0 diff)")]
 
 
 def bitwise_equal(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
@@ -104,8 +103,7 @@ def constant_fill(metrics: dict[str, Any], table: dict[str, Any]) -> list[Findin
             f"one repeating the previous token's ({repeat} in all) while the {other} side differs by more than "
             "ln 2: the dump pads that side instead of holding its log-probs.",
             fix=f"write the {side} side's real log-probs where the mask is 1 (pad only where it is 0)"
-                + (": in verl, actor_rollout_ref.rollout.calculate_log_probs=True makes the engine return them"
-                   if side == "rollout" else "")))
+                + (", returned by the engine for every sampled token" if side == "rollout" else "")))
     return found
 
 
@@ -161,10 +159,9 @@ def temperature_mismatch(metrics: dict[str, Any], table: dict[str, Any]) -> list
          "slope_standard_error": error, "z": z},
         f"The rollout log-prob is {slope:.3g} times the old one on average ({z:.3g} standard errors from 1): "
         f"the rollout side samples at about {shown} times the trainer's temperature ({how}).",
-        fix=f"score the trainer's log-probs at the sampling temperature (about {shown} times the trainer's): "
-            "divide the logits by the rollout temperature before log_softmax, as verl does with "
-            "actor_rollout_ref.rollout.temperature, TRL with GRPOConfig.temperature and slime with "
-            "--rollout-temperature")]
+        fix=f"score the trainer's log-probs at the temperature the engine sampled at (the rollout side is at "
+            f"about {shown} times the trainer's): divide the logits by that temperature before log_softmax, and "
+            "report the engine's log-probs after it")]
 
 
 def ratio_moments(table: dict[str, Any]) -> tuple[float, float, int]:
@@ -228,9 +225,9 @@ def processed_logprobs(metrics: dict[str, Any], table: dict[str, Any]) -> list[F
         f"The token ratio averages {mean:.4g} ({z:.3g} standard errors below the 1 it must be when the rollout "
         f"side is the distribution its tokens were sampled from) and is below 1 on {percent(below)} of tokens: "
         f"each ratio is the probability mass the truncation kept (token-mean {mean:.3g}{floor}){ones}.",
-        fix="sample training rollouts with top_p=1.0 and top_k=-1, or renormalize the trainer's log-probs over "
-            "the same kept set (prime-rl's sampling replay, PRs #2601 / #3235; TRL issue #6789): vLLM's "
-            "logprobs_mode=processed_logprobs reports them renormalized over it")]
+        fix="sample training rollouts without top-p / top-k truncation, or renormalize the trainer's log-probs "
+            "over the same kept set: the engine reports its log-probs renormalized over what it kept (vLLM's "
+            "processed_logprobs), the trainer over the whole vocabulary")]
 
 
 def _one_of(processed: list[Finding], tempered: list[Finding]) -> tuple[list[Finding], list[Finding]]:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mismatch_cli.correction.model import ReplayFamily
+from mismatch_cli.correction.model import Needs, ReplayFamily
 from mismatch_cli.correction.parse import field_bool, field_number
 from mismatch_cli.errors import ConfigError, did_you_mean
 
@@ -121,7 +121,10 @@ FAMILY = ReplayFamily(
     name="areal",
     accumulator="mismatch_cli.trainers.areal.engine:ArealAccumulator",
     keys="mismatch_cli.trainers.areal.keys",
+    fixes="mismatch_cli.trainers.areal.fixes",
     position=60,
+    needs=tuple(Needs(name, "use_decoupled_loss=true", lambda v: bool(v.get("use_decoupled_loss")))
+                for name in ("level", "action", "metric", "agg", "upper", "lower")),
     title="AReaL 1.0.4 decoupled-PPO rejection sampling",
     source=AREAL_SOURCE,
     defaults=AREAL_DEFAULTS,

@@ -121,7 +121,9 @@ FAMILY = ReplayFamily(
     name="miles",
     accumulator="mismatch_cli.trainers.miles.engine:miles_accumulator",
     keys="mismatch_cli.trainers.miles.keys",
+    fixes="mismatch_cli.trainers.miles.fixes",
     position=90,
+    needs=SLIME.needs,  # slime's flags, refused alike
     title=f"Miles {MILES_COMMIT[:8]} TIS / IcePop (policy loss)",
     source=f"{LOSS_FILE}:policy_loss_function; loss_hub/corrections.py:vanilla_tis_function, icepop_function "
            f"(Miles {MILES_COMMIT[:8]})",
@@ -139,6 +141,7 @@ MIS_FAMILY = ReplayFamily(
     name="miles-mis",
     accumulator="mismatch_cli.trainers.miles.engine:miles_accumulator",
     keys="mismatch_cli.trainers.miles.keys",
+    fixes="mismatch_cli.trainers.miles.fixes",
     position=91,
     title=f"Miles {MILES_COMMIT[:8]} MIS helper (examples/infra_features/train_infer_mismatch_helper)",
     source=f"{MIS_FILE}:compute_mis_weights, add_ppl_metrics; {LOSS_FILE}:policy_loss_function "

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mismatch_cli.correction.model import ReplayFamily
+from mismatch_cli.correction.model import Needs, ReplayFamily
 from mismatch_cli.correction.parse import field_bool, field_number, is_unset
 from mismatch_cli.errors import ConfigError, did_you_mean
 from mismatch_cli.system.numbers import parse_number
@@ -96,7 +96,10 @@ FAMILY = ReplayFamily(
     name="ms-swift",
     accumulator="mismatch_cli.trainers.ms_swift.engine:MsSwiftAccumulator",
     keys="mismatch_cli.trainers.ms_swift.keys",
+    fixes="mismatch_cli.trainers.ms_swift.fixes",
     position=80,
+    needs=(Needs("rollout_importance_sampling_threshold", "rollout_importance_sampling_mode=token_truncate (or "
+                 "another mode)", lambda v: v.get("rollout_importance_sampling_mode") is not None),),
     title="ms-swift 4.6.0 rollout importance sampling",
     source=MS_SWIFT_SOURCE,
     defaults=MS_SWIFT_DEFAULTS,

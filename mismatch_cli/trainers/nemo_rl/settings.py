@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mismatch_cli.correction.model import ReplayFamily
+from mismatch_cli.correction.model import Needs, ReplayFamily
 from mismatch_cli.correction.parse import field_number
 from mismatch_cli.errors import ConfigError, did_you_mean
 
@@ -141,7 +141,11 @@ FAMILY = ReplayFamily(
     name="nemo-rl",
     accumulator="mismatch_cli.trainers.nemo_rl.engine:NemoRlAccumulator",
     keys="mismatch_cli.trainers.nemo_rl.keys",
+    fixes="mismatch_cli.trainers.nemo_rl.fixes",
     position=40,
+    needs=tuple(Needs(name, "truncated_importance_sampling_type=tis (or icepop, seq-mask-tis)",
+                      lambda v: v.get("truncated_importance_sampling_type") is not None)
+                for name in ("truncated_importance_sampling_ratio", "truncated_importance_sampling_ratio_min")),
     title=f"NeMo-RL ClippedPGLossFn mismatch metrics ({NEMO_RL_COMMIT[:8]})",
     source=NEMO_RL_SOURCE,
     defaults=NEMO_RL_DEFAULTS,

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mismatch_cli.correction.model import ReplayFamily
+from mismatch_cli.correction.model import Needs, ReplayFamily
 from mismatch_cli.errors import ConfigError, did_you_mean
 from mismatch_cli.system.numbers import parse_number
 
@@ -138,7 +138,10 @@ FAMILY = ReplayFamily(
     name="openrlhf",
     accumulator="mismatch_cli.trainers.openrlhf.engine:OpenrlhfAccumulator",
     keys="mismatch_cli.trainers.openrlhf.keys",
+    fixes="mismatch_cli.trainers.openrlhf.fixes",
     position=70,
+    needs=tuple(Needs(name, "is_correction_level=token (or seq)", lambda v: v.get("is_correction_level") != "off")
+                for name in ("is_correction_mode", "is_correction_gating", "is_correction_threshold")),
     title="OpenRLHF 0.11.2 train/rollout mismatch correction",
     source=OPENRLHF_SOURCE,
     defaults=OPENRLHF_DEFAULTS,

@@ -49,7 +49,8 @@ def _metrics() -> list[Metric]:
     for key, (what, unit, direction, meaning) in per_sample.items():
         for stat, word in (("mean", "mean"), ("max", "max")):
             out.append(Metric(f"{key}/{stat}", FAMILY, f"{word} " + _SAMPLES.format(what=what), unit,
-                              direction if stat == "mean" else NONE, f"{meaning}{_ADV}; source: {_LOSS_SOURCE}"))
+                              direction if stat == "mean" else NONE, f"{meaning}{_ADV}; source: {_LOSS_SOURCE}",
+                              removes="tokens" if (key, stat) == ("is_masked", "mean") else ""))
     return out
 
 

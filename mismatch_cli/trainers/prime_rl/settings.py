@@ -98,6 +98,7 @@ FAMILY = ReplayFamily(
     name="prime-rl",
     accumulator="mismatch_cli.trainers.prime_rl.engine:PrimeRlAccumulator",
     keys="mismatch_cli.trainers.prime_rl.keys",
+    fixes="mismatch_cli.trainers.prime_rl.fixes",
     position=50,
     title=f"prime-rl RL loss (commit {COMMIT[:9]})",
     source=PRIME_RL_SOURCE,

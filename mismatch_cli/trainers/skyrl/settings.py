@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mismatch_cli.correction.model import ReplayFamily
+from mismatch_cli.correction.model import Needs, ReplayFamily
 from mismatch_cli.correction.parse import field_number, is_unset
 from mismatch_cli.errors import ConfigError, did_you_mean
 from mismatch_cli.system.numbers import parse_number
@@ -152,7 +152,22 @@ FAMILY = ReplayFamily(
     name="skyrl",
     accumulator="mismatch_cli.trainers.skyrl.engine:SkyrlAccumulator",
     keys="mismatch_cli.trainers.skyrl.keys",
+    fixes="mismatch_cli.trainers.skyrl.fixes",
     position=20,
+    needs=(
+        Needs("token_tis_ratio_clip_high", "tis_ratio_type=token", lambda v: v.get("tis_ratio_type") == "token"),
+        Needs("sequence_tis_ratio_clip_high", "tis_ratio_type=sequence",
+              lambda v: v.get("tis_ratio_type") == "sequence"),
+        *(Needs(f"geo_mask_{end}", "sequence_mask_metric=geometric",
+                lambda v: v.get("sequence_mask_metric") == "geometric") for end in ("low", "high")),
+        *(Needs(f"product_mask_{end}", "sequence_mask_metric=product",
+                lambda v: v.get("sequence_mask_metric") == "product") for end in ("low", "high")),
+        # SkyRL runs the token mask only with both bounds set (off_policy_correction_utils.py)
+        Needs("token_mask_is_threshold_low", "token_mask_is_threshold_high",
+              lambda v: v.get("token_mask_is_threshold_high") is not None),
+        Needs("token_mask_is_threshold_high", "token_mask_is_threshold_low",
+              lambda v: v.get("token_mask_is_threshold_low") is not None),
+    ),
     title="SkyRL 0.4.0 off-policy correction",
     source=SKYRL_SOURCE,
     defaults=SKYRL_DEFAULTS,

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mismatch_cli.correction.model import ReplayFamily
+from mismatch_cli.correction.model import Needs, ReplayFamily
 from mismatch_cli.correction.parse import field_bool, field_number
 from mismatch_cli.errors import ConfigError, did_you_mean
 
@@ -213,7 +213,11 @@ FAMILY = ReplayFamily(
     name="slime",
     accumulator="mismatch_cli.trainers.slime.engine:slime_accumulator",
     keys="mismatch_cli.trainers.slime.keys",
+    fixes="mismatch_cli.trainers.slime.fixes",
     position=30,
+    needs=tuple(Needs(name, "use_tis=true (or get_mismatch_metrics=true)",
+                      lambda v: bool(v.get("use_tis") or v.get("get_mismatch_metrics")))
+                for name in ("tis_clip", "tis_clip_low", "custom_tis_function_path")),
     title=f"slime {SLIME_COMMIT[:8]} TIS / IcePop (policy loss)",
     source=f"{LOSS_FILE}:vanilla_tis_function, icepop_function, policy_loss_function (slime {SLIME_COMMIT[:8]})",
     defaults=SLIME_DEFAULTS,
@@ -233,6 +237,7 @@ MIS_FAMILY = ReplayFamily(
     name="slime-mis",
     accumulator="mismatch_cli.trainers.slime.engine:slime_accumulator",
     keys="mismatch_cli.trainers.slime.keys",
+    fixes="mismatch_cli.trainers.slime.fixes",
     position=31,
     title=f"slime {SLIME_COMMIT[:8]} MIS helper (examples/train_infer_mismatch_helper)",
     source=f"{MIS_FILE}:compute_mis_weights, add_ppl_metrics (slime {SLIME_COMMIT[:8]})",

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mismatch_cli.correction.model import ReplayFamily
+from mismatch_cli.correction.model import Needs, ReplayFamily
 from mismatch_cli.correction.parse import field_bool, field_number
 from mismatch_cli.errors import ConfigError, did_you_mean
 
@@ -87,7 +87,12 @@ FAMILY = ReplayFamily(
     name="trl",
     accumulator="mismatch_cli.trainers.trl.engine:TrlAccumulator",
     keys="mismatch_cli.trainers.trl.keys",
+    fixes="mismatch_cli.trainers.trl.fixes",
     position=10,
+    needs=tuple(Needs(name, "vllm_importance_sampling_correction=true",
+                      lambda v: bool(v.get("vllm_importance_sampling_correction")))
+                for name in ("vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
+                             "vllm_importance_sampling_clip_min")),
     title="TRL 1.16.0 vLLM importance sampling",
     source=TRL_SOURCE,
     defaults=TRL_DEFAULTS,
