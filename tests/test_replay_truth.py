@@ -426,25 +426,3 @@ def test_the_html_table_stacks_blocks_that_fit(tmp_path: Path) -> None:
     assert found, dom[-500:]
     widths = json.loads(found[1].replace("&quot;", '"'))
     assert max(widths["r"]) <= widths["m"] <= 1280, widths
-
-
-# --- docs/replay.md: its commands run as written ----------------------------------------------------------------
-
-
-def test_the_pages_commands_run_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import shlex
-
-    page = (ROOT / "docs" / "replay.md").read_text()
-    config = re.search(r"An example `replay.toml`:\n\n```toml\n(.*?)```", page, re.S)
-    assert config, "docs/replay.md shows no replay.toml"
-    (tmp_path / "replay.toml").write_text(config[1])
-    (tmp_path / "sample_data").symlink_to(ROOT / "sample_data")
-    monkeypatch.chdir(tmp_path)
-    commands = [line for block in re.findall(r"```bash\n(.*?)```", page, re.S) for line in block.splitlines()
-                if line.startswith("mismatch replay")]
-    assert len(commands) >= 4
-    for command in commands:
-        result = _invoke(*shlex.split(command)[1:], "--device", "cpu")
-        assert result.exit_code == 0, (command, result.output)
-    assert json.loads((tmp_path / "replay.json").read_text())["kind"] == "replay"
-    assert (tmp_path / "replay.html").read_text().startswith("<!DOCTYPE html>")
