@@ -14,7 +14,8 @@ from mismatch_cli.answers.findings import find
 from mismatch_cli.answers.findings.causes import few_tokens
 from mismatch_cli.answers.health import summarize
 from mismatch_cli.answers.recommend import recommend
-from mismatch_cli.correction import CorrectionConfig, ResolvedCorrection, resolve
+from mismatch_cli.correction import CorrectionConfig, ResolvedCorrection, resolve, trainer_warnings
+from mismatch_cli.engine.core.breakdown import MISSING_LABEL
 from mismatch_cli.errors import UsageError
 from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, discovery_warnings, iter_batches
 from mismatch_cli.io.parallel import BackgroundHashes
@@ -157,7 +158,8 @@ def build_report(
                 tokens=valid,
             )
         )
-    warnings = _warnings(result, resolved, by_step)
+    said = trainer_warnings(correction)  # the trainer's own warnings about the fields given: they lead the screen
+    warnings = [*said, *_warnings(result, resolved, by_step)]
     data_quality = _data_quality(result, files)
     for key in QUALITY_KEYS:
         count = data_quality["totals"].get(key, 0)
@@ -204,6 +206,8 @@ def build_report(
     report.findings = [f.to_dict() for f in find(report, getattr(result.overall, "signatures", {}))]
     report.summary, report.recommendation = diagnose(report.summary, report.recommendation, report.findings,
                                                       report.config)
+    if said:
+        report.summary["setting_warnings"] = said
     return report
 
 
@@ -213,7 +217,7 @@ def _groups(result: Any, group_by: Sequence[str]) -> dict[str, list[dict[str, An
     for column in group_by:
         groups[column] = [
             {
-                "group": label,
+                "group": None if label == MISSING_LABEL else label,  # a missing value: null, apart from "null"
                 "valid_tokens": batch.valid_tokens,
                 "metrics": batch.metrics,
                 "rounds": batch.rounds,

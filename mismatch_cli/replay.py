@@ -31,6 +31,7 @@ from mismatch_cli.answers.replay import (
 from mismatch_cli.correction import CONCEPTS, REPLAY_FAMILIES, CorrectionConfig, resolve, resolve_family
 from mismatch_cli.correction.older import XTUNER_CONCEPTS, XTUNER_TRAITS
 from mismatch_cli.correction.verl import VERL_CONCEPTS, VERL_REPLAY_FIELDS, VERL_REPLAY_NOTE, VERL_TRAITS
+from mismatch_cli.engine import INFINITE_NOTE, UNDEFINED_NOTE
 from mismatch_cli.errors import UsageError, did_you_mean
 from mismatch_cli.gate.noise import min_difference_of
 from mismatch_cli.io import ReadOptions, discover_inputs, iter_batches
@@ -223,9 +224,9 @@ def disagree(a: Cell, b: Cell, sigmas: float = SIGMAS) -> bool:
 
 
 def overflowed(notes: Sequence[str]) -> set[str]:
-    """The keys the engine reports as non-finite ("KEY, KEY overflowed (reported as null)")."""
-    return {key.strip() for note in notes if note.endswith(" overflowed (reported as null)")
-            for key in note.removesuffix(" overflowed (reported as null)").split(",")}
+    """The keys the engine reports as non-finite: infinite ("KEY, KEY overflowed to infinity …") or undefined."""
+    return {key.strip() for note in notes for suffix in (INFINITE_NOTE, UNDEFINED_NOTE)
+            if note.endswith(" " + suffix) for key in note.removesuffix(" " + suffix).split(",")}
 
 
 def _cells(columns: list[Trainer], results: Mapping[str, Any]) -> dict[str, dict[str, Cell]]:

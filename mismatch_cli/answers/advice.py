@@ -76,12 +76,13 @@ def fix_text(action: str, cause: str, config: Mapping[str, Any], evidence: Mappi
 
 
 def fix_entry(code: str, text: str, config: Mapping[str, Any],
-              evidence: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The recommendation's `fix`: its code, text, trainer and every setting with its upstream source."""
+              evidence: Mapping[str, Any] | None = None, title: str | None = None) -> dict[str, Any]:
+    """The recommendation's `fix`: its code, the finding it fixes, its text, trainer and every setting with its
+    upstream source."""
     family = family_of(config)
     fixes = fixes_for(family)
     settings = settings_for(code, fixes, evidence) if fixes is not None else []
-    return {"code": code, "text": text, "trainer": fixes.trainer if fixes else None,
+    return {"code": code, "title": title, "text": text, "trainer": fixes.trainer if fixes else None,
             "settings": [{"text": s.text, "source": s.source, "note": s.note} for s in settings]}
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mismatch_cli.answers.advice import fix_entry, fix_text
+from mismatch_cli.answers.findings.degenerate import CODE as DEGENERATE
 from mismatch_cli.answers.findings.drops import CODE as DROPS
 from mismatch_cli.answers.health import MULT_PROB_ERROR, PROB_DIFF, RATIO_MEAN
 
@@ -67,10 +68,13 @@ def diagnose(summary: dict[str, Any], recommendation: dict[str, Any] | None, fin
             recommendation = base
         return summary, recommendation
     fixes, diagnosis = [], None
-    drops = next((f for f in findings if f.get("code") == DROPS), None)
-    if drops is not None:
-        fixes.append(fix_entry(DROPS, drops["fix"], config))
-        diagnosis = {"kind": "correction", "code": DROPS, "title": drops["title"], "fix": drops["fix"]}
+    for code in (DEGENERATE, DROPS):  # the run's own correction: degenerate first, then one that drops too much
+        for finding in (f for f in findings if f.get("code") == code):
+            fixes.append(fix_entry(code, finding["fix"], config, title=finding["title"]))
+            diagnosis = diagnosis or {"kind": "correction", "code": code, "title": finding["title"],
+                                      "fix": finding["fix"]}
+    if diagnosis is not None and summary.get("status") == "healthy":
+        summary["status"] = "warning"  # a correction that means something else, or drops the batch, is not healthy
     if precision:
         names = ", ".join(f"{c['label']} {_value(c)} (healthy: {c['healthy_range']})" for c in precision)
         text = fix_text(PRECISION_FIX, "precision_gap", config)

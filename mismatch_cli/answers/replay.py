@@ -150,7 +150,7 @@ def nonfinite_text(label: str, names: Sequence[str], keys: Sequence[str], facts:
         return f"{label}: {who} ({facts.nonfinite_tokens} valid tokens have a NaN or infinite log-prob)"
     if facts.max_abs_d is not None and facts.max_abs_d > limit:
         return f"{label}: {who} (|d| reaches {_g(facts.max_abs_d)}; exp overflows {facts.dtype} above {limit:.4g})"
-    return f"{label}: {who} (overflowed in {facts.dtype})"
+    return f"{label}: {who} (undefined on this dump, or overflowed in {facts.dtype})"
 
 
 def _form_reason(a: Side, b: Side, facts: DumpFacts) -> str:

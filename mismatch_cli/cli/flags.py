@@ -97,6 +97,14 @@ def name_flags(error: MismatchError, family: str) -> MismatchError:
     return error
 
 
+def in_file(error: MismatchError, config_file: Path | None, table: dict[str, Any]) -> MismatchError:
+    """An error about a field the config file set names the file and its table, as the docs promise."""
+    named = [k for k in table if re.search(rf"(?<![\w-]){re.escape(k)}(?![\w-])", error.message)]
+    if config_file is not None and named and not error.message.startswith(str(config_file)):
+        error.message = f"{config_file}: [correction] {error.message}"
+    return error
+
+
 def flag_values(flags: CorrectionFlags) -> dict[str, Any]:
     """The correction flags a user gave, keyed by flag as typed (`--is none` is kept apart: it is not unset)."""
     is_level = None if flags.is_level in (None, IsLevel.none) else flags.is_level.value  # type: ignore[union-attr]
@@ -132,6 +140,10 @@ def correction_from_flags(config_file: Path | None, flags: CorrectionFlags) -> C
 
     table = {} if config_file is None else load_table(config_file, "correction")
     semantics = flags.semantics.value if flags.semantics is not None else None
+    if semantics is not None and table.get("semantics") not in (None, semantics):
+        # The table's fields are its own semantics': under another family they would mean something else.
+        raise UsageError(f"--semantics {semantics} conflicts with semantics = \"{table['semantics']}\" in "
+                         f"{config_file} [correction]", hint="drop one of them: the table's fields belong to its own")
     family = family_of(table, semantics, str(config_file))
     given = flag_values(flags)
     if family in VERL_FAMILIES:
@@ -143,11 +155,11 @@ def correction_from_flags(config_file: Path | None, flags: CorrectionFlags) -> C
             fields["rollout_is"] = None
     pairs = settings_from_pairs(flags.settings or [], family)  # --set: the trainer's own field names
     fields.update(pairs)
-    config = config_from_sources(table, fields, semantics, flags.preset, origin=str(config_file))
     try:
+        config = config_from_sources(table, fields, semantics, flags.preset, origin=str(config_file))
         resolved = resolve(config)  # errors come before any input is read
     except MismatchError as error:
-        raise name_flags(error, family) from None
+        raise in_file(name_flags(error, family), config_file, table) from None
     refuse_idle_flags(given, _switched_on(family, config, resolved))
     # The same rule for fields given by --set or the [correction] table (the library replays what the trainer
     # accepts; the command line refuses a field that would do nothing, as it refuses such a flag).

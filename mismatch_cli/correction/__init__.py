@@ -28,6 +28,7 @@ from mismatch_cli.correction.config import (
     resolve,
     resolve_family,
     settings_from_pairs,
+    trainer_warnings,
 )
 from mismatch_cli.correction.model import (
     CONCEPTS,
@@ -67,5 +68,5 @@ __all__ = [
     "ResolvedCorrection", "RsOption", "VetoSpec", "build_config", "check_trainer_fields", "config_from_sources",
     "correction_table", "families", "family_fields", "family_of", "field_home", "get_preset", "make_accumulator",
     "older_presets", "parse_is_threshold", "parse_rs_options", "parse_rs_thresholds", "presets_table",
-    "replay_families", "resolve", "resolve_family", "settings_from_pairs", "threshold_log",
+    "replay_families", "resolve", "resolve_family", "settings_from_pairs", "threshold_log", "trainer_warnings",
 ]

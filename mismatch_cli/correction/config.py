@@ -110,6 +110,12 @@ def _same_value(value: Any, default: Any) -> bool:
         return str(value).strip().lower() == str(default).strip().lower()
 
 
+def trainer_warnings(config: CorrectionConfig) -> list[str]:
+    """What the configuration's trainer itself warns about the fields given (a deprecated field replacing one)."""
+    trainer = replay_families().get(config.semantics)
+    return list(trainer.warns(config.family_fields)) if trainer is not None and trainer.warns else []
+
+
 def field_home(name: str) -> str:
     """The families that take a field, in words ("verl-0.6.0, xtuner or xtuner-2025-12"); '' for none."""
     homes = [family for family in families() if name in family_fields()[family]]
@@ -196,6 +202,8 @@ def settings_from_pairs(pairs: list[str], family: str) -> dict[str, Any]:
     for pair_text in pairs:
         name, sep, value = pair_text.partition("=")
         name, value = name.strip(), value.strip()
+        if sep and name and not value:
+            refuse_empty({name: value}, family)
         if not sep or not name:
             raise ConfigError(f"expected FIELD=VALUE, got {pair_text!r}",
                               hint=f"e.g. {allowed[0]}=...; semantics {family} takes {', '.join(allowed)}")
@@ -275,8 +283,18 @@ def _check_family(family: str, fields: dict[str, Any]) -> None:
         raise unknown_fields(family, wrong, allowed, homes)
 
 
+def refuse_empty(fields: Mapping[str, Any], family: str) -> None:
+    """Refuse a field whose value is empty text (`tis_ratio_type=`, often an unset shell variable): it would read
+    as unset and switch a correction off without a word."""
+    empty = [name for name, value in fields.items() if isinstance(value, str) and not value.strip()]
+    if empty:
+        raise ConfigError(f"{empty[0]} has an empty value (semantics {family})",
+                          hint=f"give {empty[0]} a value, or write {empty[0]}=none to switch it off")
+
+
 def resolve_family(family: str, fields: dict[str, Any]) -> tuple[ResolvedCorrection, dict[str, Any]]:
     """Validate a family's upstream fields as its code does; return what the engine needs and the config."""
+    refuse_empty(fields, family)
     # TOML has no null: "none" / "null" switch a field off (verl 0.6.0's veto is on by default).
     fields = {k: None if isinstance(v, str) and v.strip().lower() in NONE_WORDS else v for k, v in fields.items()}
     trainer = replay_families().get(family)

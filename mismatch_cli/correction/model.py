@@ -154,6 +154,41 @@ class Needs:
 
 
 @dataclass(frozen=True)
+class Degenerate:
+    """A setting the trainer accepts that makes its correction degenerate (bounds reversed, a cap <= 0, a veto that
+    can never fire): replayed exactly as the trainer runs it, and led with a warning that names the fields and what
+    they do on the dump (`shown_by`, the key that measures it)."""
+
+    fields: tuple[str, ...]  # as the trainer names them, the first one the one to change
+    when: Callable[[Mapping[str, Any]], bool]  # over the resolved (effective) fields
+    does: str  # what the trainer then does, e.g. "masks every sequence"
+    shown_by: str = ""  # the key whose value on the dump says how much it hits (its share masked, …)
+    fix: str = ""  # what to set instead ("set geo_mask_low below geo_mask_high")
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def reversed_band(low: str, high: str, does: str, shown_by: str = "",
+                  active: Callable[[Mapping[str, Any]], bool] = lambda v: True) -> Degenerate:
+    """A band whose lower bound is above its upper one, while the part it bounds runs."""
+    def when(v: Mapping[str, Any]) -> bool:
+        lower, upper = _number(v.get(low)), _number(v.get(high))
+        return active(v) and lower is not None and upper is not None and lower > upper
+    return Degenerate((low, high), when, does, shown_by, f"set {low} below {high}")
+
+
+def cap_not_positive(field: str, does: str, shown_by: str = "",
+                     active: Callable[[Mapping[str, Any]], bool] = lambda v: True) -> Degenerate:
+    """A cap (or a veto ratio) at or below 0, while the part it belongs to runs."""
+    def when(v: Mapping[str, Any]) -> bool:
+        value = _number(v.get(field))
+        return active(v) and value is not None and value <= 0
+    return Degenerate((field,), when, does, shown_by, f"set {field} above 0")
+
+
+@dataclass(frozen=True)
 class ReplayFamily:
     """A replayed trainer: its fields by its own names, how it resolves them, its engine, keys and report names.
 
@@ -179,6 +214,9 @@ class ReplayFamily:
     fixes: str = ""  # the module whose FIXES (a correction.fixes.Fixes) is its vocabulary of fixes
     position: int = 1000  # where it is listed (replay's columns, --semantics, the docs): the built-ins first
     needs: tuple[Needs, ...] = ()  # fields that mean something only with another setting on
+    degenerate: tuple[Degenerate, ...] = ()  # accepted settings that make the correction degenerate
+    # The trainer's own warnings about the given fields (a deprecated field replacing an explicit one), in its words.
+    warns: Callable[[Mapping[str, Any]], list[str]] | None = None
 
 
 @dataclass(frozen=True)

@@ -15,3 +15,7 @@ names a trainer.
 
 May import: batch, correction, errors.
 """
+
+# How a family's non-finite key is said in the notes (replay reads them back): infinity is an overflow, NaN undefined.
+INFINITE_NOTE = "overflowed to infinity (reported as null)"
+UNDEFINED_NOTE = "undefined here (NaN: nothing to reduce, a std of one value, or NaN log-probs; reported as null)"

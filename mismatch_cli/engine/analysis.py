@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mismatch_cli.correction import ResolvedCorrection, make_accumulator
+from mismatch_cli.engine import INFINITE_NOTE, UNDEFINED_NOTE
 from mismatch_cli.engine.accumulators.diagnostics import DiagnosticsAccumulator
 from mismatch_cli.engine.accumulators.family import FamilyAccumulator
 from mismatch_cli.engine.accumulators.importance import ImportanceAccumulator
@@ -154,9 +155,12 @@ class BatchAccumulator:
                     setattr(result, name, getattr(part, name))
         result.metrics = {**{k: finite_or_none(family[k]) for k in sorted(family)}, **result.metrics}
         # None: an input the trainer needs is absent (its accumulator says which in a note).
-        overflowed = sorted(k for k, v in family.items() if v is not None and not math.isfinite(v))
-        if overflowed:
-            result.notes.append(f"{', '.join(overflowed)} overflowed (reported as null)")
+        infinite = sorted(k for k, v in family.items() if v is not None and math.isinf(v))
+        undefined = sorted(k for k, v in family.items() if v is not None and math.isnan(v))
+        if infinite:
+            result.notes.append(f"{', '.join(infinite)} {INFINITE_NOTE}")
+        if undefined:  # NaN: no value to reduce, a std of one value, or NaN log-probs the trainer kept
+            result.notes.append(f"{', '.join(undefined)} {UNDEFINED_NOTE}")
         # Intervals only for keys this family reports (older families name theirs differently).
         result.intervals = {k: v for k, v in result.intervals.items() if result.metrics.get(k) is not None}
         return result

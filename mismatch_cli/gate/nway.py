@@ -259,15 +259,28 @@ def default_labels(paths: Sequence[str]) -> list[str]:
         depth += 1
 
 
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def refuse_repeated_inputs(paths: Sequence[str]) -> None:
     """A usage error when two runs name the same file or folder (however spelled)."""
     seen: dict[str, str] = {}
+    identities: dict[str, str] = {}  # run as given -> the file or folder read
     for path in paths:
         named = os.path.join(path, "report.json") if os.path.isdir(path) and is_report_path(path) else path
         key = os.path.realpath(named) if os.path.exists(named) else os.path.normpath(named)
-        if key in seen:
-            raise UsageError(f"the same run is given twice: {seen[key]} and {path}", hint="give each run once")
+        # The file itself (device and inode): a hard link to a run is that run, whatever its name.
+        same = next((p for p, other in identities.items() if os.path.exists(named) and _same_file(named, other)), None)
+        if key in seen or same is not None:
+            raise UsageError(f"the same run is given twice: {seen.get(key, same)} and {path}",
+                             hint="give each run once")
         seen[key] = path
+        if os.path.exists(named):
+            identities[path] = named
     folders = {key: path for key, path in seen.items() if os.path.isdir(key)}
     for key, path in seen.items():
         inside = next((folder for folder in folders if key != folder and key.startswith(folder + os.sep)), None)

@@ -283,8 +283,10 @@ def _evaluate_scoped(rule: Rule, candidate: Report, baseline: Report | None, mis
     defined = [e for e in found if e.value is not None]
     if not defined:
         return _missing(rule, missing, f"{key} is null in all {scope_words(scope, len(found))}", 3)
-    skipped = len(found) - len(defined)
-    note = f"; {scope_words(scope, skipped)} with a null {key} left out" if skipped else ""
+    skipped = [e.label for e in found if e.value is None]
+    left_out = f"{scope_words(scope, len(skipped))} with a null {key} left out ({', '.join(skipped[:5])}" + \
+        (f" and {len(skipped) - 5} more)" if len(skipped) > 5 else ")")
+    note = f"; {left_out}" if skipped else ""
     value_name = f"|{key}|" if rule.magnitude else key
     if rule.aggregate in QUANTIFIERS:
         outcome = _quantified(rule, key, value_name, defined)
@@ -314,6 +316,8 @@ def _evaluate_scoped(rule: Rule, candidate: Report, baseline: Report | None, mis
             outcome.message += f"; {'largest' if high else 'smallest'}: {worst.label} = {worst.value:.6g}"
         outcome.where = [holder.label if holder else worst.label]
     outcome.message += note
+    if skipped:  # said in every format: a step with no valid token must not pass the rule unseen
+        outcome.warnings.append(left_out)
     return outcome
 
 

@@ -248,9 +248,14 @@ def discover_inputs(args: Sequence[str], input_format: str | None = None) -> lis
         expanded, skipped = _expand(arg, forced)
         for path, fmt in expanded:
             real = os.path.realpath(path)
-            if real in seen:
+            try:  # the file itself: a hard link read twice would count its tokens twice
+                stat = os.stat(path)
+                identity = f"{stat.st_dev}:{stat.st_ino}"
+            except OSError:
+                identity = real
+            if real in seen or identity in seen:
                 continue
-            seen.add(real)
+            seen.update((real, identity))
             try:
                 size = os.path.getsize(path)
             except OSError as exc:

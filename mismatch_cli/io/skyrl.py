@@ -173,8 +173,26 @@ def _decode(value: Any, key: str, path: str) -> np.ndarray | None:
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001 - any damage to one field is one error line naming it
+        refused = _refused_global(exc)
+        if refused is not None:  # torch's weights-only loader refused a global: a field that could run code
+            raise InputError(f"refused key {key!r} of the SkyRL dump {path}: its torch data names the global "
+                             f"{refused}, which no tensor needs; a pickle that can run code is never loaded",
+                             hint="re-dump the batch with SkyRL's own writer, or write the three log-prob "
+                                  "columns to parquet (docs/formats.md)") from None
         raise InputError(f"cannot decode key {key!r} of the SkyRL dump {path}: {_short(exc)}",
                          hint=_ROLL_HINT) from None
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _refused_global(exc: BaseException) -> str | None:
+    """The global torch.load(weights_only=True) refused, named in its message (ANSI codes removed), or None."""
+    text = _ANSI.sub("", str(exc))
+    if "Weights only load failed" not in text and "Unsupported global" not in text:
+        return None
+    found = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"Unsupported global: ([\w.]+)", text)
+    return found.group(1) if found else "a global it does not allow"
 
 
 def _tensor_to_numpy(tensor: Any) -> np.ndarray:

@@ -138,7 +138,12 @@ def _samples(payload: Any, path: str) -> tuple[list[dict[str, Any]], dict[str, A
             hint="analyze the train-side dump of the same --dump-details folder, DIR/train_data/{rollout_id}_{rank}.pt",
         )
     cp_size = _scalar(payload.get("cp_size", 1))
-    if isinstance(cp_size, int) and cp_size > 1:
+    if isinstance(cp_size, bool) or not isinstance(cp_size, int):  # Miles writes an int; 2.0 or "2" is no dump of it
+        raise InputError(
+            f"{path}: cp_size must be a whole number, as Miles writes it, got {cp_size!r} ({type(cp_size).__name__})",
+            hint="re-dump with Miles' --dump-details, or write the whole samples with write_dump (docs/python-api.md)",
+        )
+    if cp_size > 1:
         raise InputError(
             f"{path} holds context-parallel rank {_scalar(payload.get('cp_rank'))}'s slice of each sample (cp_size "
             f"{cp_size}): Miles dumps each rank's zigzag slice of the per-token log-probs, and mismatch reads whole "

@@ -23,6 +23,7 @@ from mismatch_cli.render.lead import (
     findings_of,
     glossary,
     key_metrics,
+    setting_warnings,
     verdict,
     what_to_do_of,
 )
@@ -142,7 +143,9 @@ def render_lead(report: Report) -> str:
     findings = findings_of(report)
     diagnosis = report.summary.get("diagnosis") or {}
     first_fix = diagnosis.get("fix") if diagnosis.get("kind") == "bug" else None
+    said = setting_warnings(findings, report.summary)  # what the settings do leads the page, as the screen
     parts = [
+        "".join(f'<p class="answer"><strong>{escape(line)}</strong></p>' for line in said),
         _health(report),
         _findings("Why", causes(findings), None),
         _what_to_do(report),

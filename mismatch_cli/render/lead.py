@@ -30,6 +30,8 @@ KEY_METRICS = (
 SHOWN_KEY_METRICS = 6
 CAUSE = "concentrated_divergence"
 DROPS = "correction_drops"  # the run's correction removes too much: said in What to do, not among the dump checks
+DEGENERATE = "degenerate_setting"  # a setting that makes the correction degenerate: leads the screen and What to do
+OWN_CORRECTION = (DROPS, DEGENERATE)
 NO_BUG = "none found (fill, shift, temperature, processed log-probs, identical sides)"
 NO_DRIFT = "no metric trends, shifts or leaves its band over the steps"
 BAD, GOOD = "bad", "good"
@@ -144,10 +146,13 @@ def verdict(report: Report) -> Verdict:
     failing = [c for c in checks if not c["ok"] and not c.get("few_tokens")]
     few = [c for c in checks if c.get("few_tokens")]
     status = str(summary.get("status", "healthy"))
-    basis = (summary.get("after") or summary.get("before") or {}).get("basis", "")
+    after = summary.get("after") or {}
+    basis = (after if after.get("checks") else summary.get("before") or {}).get("basis", "")
     diagnosis = summary.get("diagnosis") or {}
     if diagnosis.get("kind") == "bug":
         headline, tone = f"BUG IN THE DUMP OR CONFIG - {diagnosis['title']}", BAD
+    elif diagnosis.get("kind") == "correction":
+        headline, tone = f"WARNING - {diagnosis['title']}", BAD
     else:
         headline = status.upper()
         if checks:
@@ -188,7 +193,14 @@ def causes(findings: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 def bug_signatures(findings: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The findings that are signatures of the dump (Dump checks), not of the run's correction (What to do)."""
-    return [f for f in findings if f.get("code") not in (CAUSE, DROPS)]
+    return [f for f in findings if f.get("code") not in (CAUSE, *OWN_CORRECTION)]
+
+
+def setting_warnings(findings: Iterable[Mapping[str, Any]], summary: Mapping[str, Any] | None = None) -> list[str]:
+    """The lines that lead the screen: what the trainer itself warns about the settings given (a deprecated field
+    replacing one), then each setting that makes the run's correction degenerate."""
+    said = [f"warning: {text}" for text in (summary or {}).get("setting_warnings", [])]
+    return said + [f"warning: {f['title']}" for f in findings if f.get("code") == DEGENERATE]
 
 
 def cost_text(cost: Mapping[str, Any]) -> str:
@@ -245,7 +257,8 @@ def what_to_do(recommendation: Mapping[str, Any] | None, diagnosis: Mapping[str,
     return lines
 
 
-FIX_LEADS = {"correction_drops": "your correction", "precision_gap": "at the source"}
+FIX_LEADS = {"correction_drops": "your correction", "degenerate_setting": "your setting",
+             "precision_gap": "at the source"}
 
 
 def what_to_do_of(report: Report) -> list[Line]:
@@ -281,9 +294,12 @@ def _what_to_do(recommendation: Mapping[str, Any] | None, diagnosis: Mapping[str
                        "engines; run mismatch analyze again on a dump made after the fix")]
     lines = []
     for fix in fixes:
-        if fix.get("code") == "correction_drops" and diagnosis.get("code") == "correction_drops":
+        if fix.get("code") == DROPS and fix.get("title"):
             # The finding's title already says "your correction drops …": the line leads with it.
-            lines.append(Line(f"{diagnosis['title']}: {fix['text']}", BAD, "your correction"))
+            lines.append(Line(f"{fix['title']}: {fix['text']}", BAD, "your correction"))
+            continue
+        if fix.get("code") == DEGENERATE:
+            lines.append(_named("fix your setting first", fix["text"], BAD))
             continue
         lines.append(_named(FIX_LEADS.get(str(fix.get("code")), "at the source"), fix["text"]))
     recipe = (recommendation or {}).get("recipe")
@@ -379,4 +395,4 @@ def glossary(text: str) -> str | None:
 
 __all__ = ["GLOSSARY", "KEY_METRICS", "NO_BUG", "KeyMetric", "Line", "Verdict", "applied_cost", "bug_signatures",
            "causes", "check_mark", "correction_text", "cost_text", "drift_lines", "findings_of", "glossary",
-           "inputs_text", "key_metrics", "sequence_level", "verdict", "what_to_do", "what_to_do_of"]
+           "inputs_text", "key_metrics", "sequence_level", "setting_warnings", "verdict", "what_to_do", "what_to_do_of"]

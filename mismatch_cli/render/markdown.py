@@ -23,6 +23,7 @@ from mismatch_cli.render.lead import (
     glossary,
     inputs_text,
     key_metrics,
+    setting_warnings,
     verdict,
     what_to_do_of,
 )
@@ -61,8 +62,9 @@ def _findings(title: str, findings: list[Mapping[str, Any]], empty: str | None, 
 def lead_markdown(report: Report) -> list[str]:
     """The answers of the first screen as Markdown lines (render/lead.py's text)."""
     answer = verdict(report)
-    lines = [markdown_cell(f"`mismatch` on {inputs_text(report)}; correction: {correction_text(report.config)}"), "",
-             f"## Health: {markdown_cell(answer.headline)}", ""]
+    lines = [markdown_cell(f"`mismatch` on {inputs_text(report)}; correction: {correction_text(report.config)}"), ""]
+    lines += [f"**{markdown_cell(w)}**" for w in setting_warnings(findings_of(report), report.summary)]
+    lines += ["", f"## Health: {markdown_cell(answer.headline)}", ""]
     for line in answer.checks:
         mark, text = line.text.split(" ", 1)
         lines.append(f"- `{mark}` {markdown_cell(text.lstrip())}")

@@ -188,8 +188,9 @@ def group_sections(report: Report) -> list[Section]:
             continue
         present = [(label, key) for label, key in STEP_COLUMNS
                    if key is None or any(key in e["metrics"] for e in entries)]
-        rows = [[one_line(str(e["group"])), *[format_value(e["valid_tokens"] if key is None else e["metrics"].get(key))
-                                    for _, key in present]] for e in entries]
+        rows = [[one_line("(missing)" if e["group"] is None else str(e["group"])),  # a missing value: null
+                 *[format_value(e["valid_tokens"] if key is None else e["metrics"].get(key)) for _, key in present]]
+                for e in entries]
         sections.append(Section(f"Per {column}", [column, *[label for label, _ in present]], rows, labels={0}))
     return sections
 

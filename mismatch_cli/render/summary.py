@@ -25,6 +25,7 @@ from mismatch_cli.render.lead import (
     glossary,
     inputs_text,
     key_metrics,
+    setting_warnings,
     verdict,
     what_to_do_of,
 )
@@ -148,11 +149,13 @@ def summary_lines(report: Report, width: int = 80, warnings: bool = True) -> lis
     out = Lines(width)
     out.add(f"mismatch: {inputs_text(report, out.width)}", style="bold")
     out.add(_correction(report))
-    out.blank()
-    _health(out, report)
     paths = [item.path for item in report.inputs]  # a worst token's `file:row:position`, shown at the width
     findings = [{**f, "detail": paths_in_text(str(f.get("detail") or ""), paths, out.width - PATH_ROOM)}
                 for f in findings_of(report)]
+    for line in setting_warnings(findings, report.summary):  # what the settings do leads the screen
+        out.add(line, hang=4, style="bold red")
+    out.blank()
+    _health(out, report)
     _findings(out, findings, cause=True)
     _recommendation(out, report)
     _findings(out, findings, cause=False)

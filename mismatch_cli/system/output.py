@@ -102,7 +102,11 @@ class Outputs:
                 self._inputs[os.path.realpath(path)] = (info.st_dev, info.st_ino)
 
     def check(self, path: str | os.PathLike, flag: str) -> Path:
-        """Refuse now a file output that cannot be written: an input, a folder, a URL, a bad name or parent."""
+        """Refuse now a file output that cannot be written: an input, a folder, a URL, a bad name or parent, or `-`
+        (standard output carries the command's own output; only `-o -` puts that there)."""
+        if str(path) == "-" and flag != "-o":
+            raise UsageError(f"{flag} -: standard output already carries the command's output",
+                             hint=f"give {flag} a file name (-o - is the way to put the output itself on stdout)")
         target = _local(path, flag)
         key = os.path.realpath(target)
         owner = next((item.flag for item in self._planned if os.path.realpath(item.path.parent) == key), None)

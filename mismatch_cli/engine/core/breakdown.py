@@ -19,14 +19,19 @@ MAX_GROUPS = 1000  # distinct values of one --by column; each group holds a full
 MAX_PIECES = 16
 
 
+# A missing value's label: its own group, never merged with a row whose label is the text "null" (a NUL byte first,
+# which no label read from a file starts with). The report shows it as null.
+MISSING_LABEL = "\x00missing"
+
+
 def labels(values: np.ndarray) -> np.ndarray:
-    """Sortable per-row labels: integers stay int64; anything else becomes str, null as "null"."""
+    """Sortable per-row labels: integers stay int64; anything else becomes str, a missing value MISSING_LABEL."""
     if values.dtype.kind in "iu":
         return values.astype(np.int64, copy=False)
-    labels = values.astype(str)
+    labels = values.astype(str).astype(object)
     if values.dtype == object:
-        labels[np.equal(values, None)] = "null"
-    return labels
+        labels[np.equal(values, None)] = MISSING_LABEL
+    return labels.astype(str)
 
 
 def pieces(keys: list[np.ndarray], rows: int) -> list[tuple[int, int]] | None:

@@ -124,6 +124,7 @@ FAMILY = ReplayFamily(
     fixes="mismatch_cli.trainers.miles.fixes",
     position=90,
     needs=SLIME.needs,  # slime's flags, refused alike
+    degenerate=SLIME.degenerate,
     title=f"Miles {MILES_COMMIT[:8]} TIS / IcePop (policy loss)",
     source=f"{LOSS_FILE}:policy_loss_function; loss_hub/corrections.py:vanilla_tis_function, icepop_function "
            f"(Miles {MILES_COMMIT[:8]})",
@@ -143,6 +144,7 @@ MIS_FAMILY = ReplayFamily(
     keys="mismatch_cli.trainers.miles.keys",
     fixes="mismatch_cli.trainers.miles.fixes",
     position=91,
+    degenerate=SLIME_MIS.degenerate,
     title=f"Miles {MILES_COMMIT[:8]} MIS helper (examples/infra_features/train_infer_mismatch_helper)",
     source=f"{MIS_FILE}:compute_mis_weights, add_ppl_metrics; {LOSS_FILE}:policy_loss_function "
            f"(Miles {MILES_COMMIT[:8]})",

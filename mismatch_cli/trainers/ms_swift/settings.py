@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mismatch_cli.correction.model import Needs, ReplayFamily
+from mismatch_cli.correction.model import Needs, ReplayFamily, cap_not_positive
 from mismatch_cli.correction.parse import field_bool, field_number, is_unset
 from mismatch_cli.errors import ConfigError, did_you_mean
 from mismatch_cli.system.numbers import parse_number
@@ -98,6 +98,10 @@ FAMILY = ReplayFamily(
     keys="mismatch_cli.trainers.ms_swift.keys",
     fixes="mismatch_cli.trainers.ms_swift.fixes",
     position=80,
+    degenerate=(cap_not_positive("rollout_importance_sampling_threshold", "caps every weight at a value <= 0 "
+                                  "(truncate) or masks every token (mask): the policy gradient vanishes or flips its "
+                                  "sign", "rollout_correction/clipped_frac",
+                                  lambda v: v.get("rollout_importance_sampling_mode") is not None),),
     needs=(Needs("rollout_importance_sampling_threshold", "rollout_importance_sampling_mode=token_truncate (or "
                  "another mode)", lambda v: v.get("rollout_importance_sampling_mode") is not None),),
     title="ms-swift 4.6.0 rollout importance sampling",

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mismatch_cli.correction.model import Needs, ReplayFamily
+from mismatch_cli.correction.model import Degenerate, Needs, ReplayFamily
 from mismatch_cli.errors import ConfigError, did_you_mean
 from mismatch_cli.system.numbers import parse_number
 
@@ -134,12 +134,29 @@ def describe_openrlhf(config: Mapping[str, Any]) -> str:
             f"micro_train_batch_size={config.get('micro_train_batch_size')}")
 
 
+def _band_is_empty(values: Mapping[str, Any]) -> bool:
+    """A running correction whose [low, high] keeps no ratio: OpenRLHF checks neither order nor sign."""
+    band = values.get(THRESHOLD)
+    if values.get("is_correction_level") in (None, "off") or values.get("policy_loss_type") != "ppo" or not band:
+        return False
+    low, high = band
+    return float(low) >= float(high) or float(high) <= 0
+
+
+# OpenRLHF accepts is_correction_threshold LOW > HIGH or a negative HIGH (train_ppo_ray.py parses it without a check):
+# mask mode then filters every token, clip mode sets every ratio to HIGH (models/loss.py: PolicyLoss.forward).
+_DEGENERATE = (Degenerate((THRESHOLD,), _band_is_empty, "keeps no ratio: mask mode filters every token, clip mode "
+                          "sets every weight to the upper bound", "train/is_filter_ratio",
+                          f"give {THRESHOLD} as LOW HIGH with 0 <= LOW < HIGH (OpenRLHF's default: 0.5 5.0)"),)
+
+
 FAMILY = ReplayFamily(
     name="openrlhf",
     accumulator="mismatch_cli.trainers.openrlhf.engine:OpenrlhfAccumulator",
     keys="mismatch_cli.trainers.openrlhf.keys",
     fixes="mismatch_cli.trainers.openrlhf.fixes",
     position=70,
+    degenerate=_DEGENERATE,
     needs=tuple(Needs(name, "is_correction_level=token (or seq)", lambda v: v.get("is_correction_level") != "off")
                 for name in ("is_correction_mode", "is_correction_gating", "is_correction_threshold")),
     title="OpenRLHF 0.11.2 train/rollout mismatch correction",

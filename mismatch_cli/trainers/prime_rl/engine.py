@@ -90,6 +90,8 @@ class PrimeRlAccumulator(Accumulator):
             return
         if advantages is not None:
             advantages = advantages.to(device=old.device, dtype=old.dtype)
+            if self.spec.loss_type != "ipo":  # a null advantage (NaN) takes the low side's mask: counted, warned
+                state.add("null_advantages", torch.isnan(advantages).sum().to(F64))
         masks = trust_region(old, rollout, advantages, self.spec)
         dropped = masks["is_masked"]
 
@@ -141,6 +143,12 @@ class PrimeRlAccumulator(Accumulator):
             values[key + "/max"] = get(key + "_max") if rows else math.nan
         if self.missing_advantages:
             notes.append(f"{', '.join(k + '/*' for k in self._sample_keys())}: {ADVANTAGES_NOTE}")
+        nulls = int(get("null_advantages") or 0)
+        if nulls:
+            notes.append(f"{nulls} valid {'token has' if nulls == 1 else 'tokens have'} a null advantage: prime-rl's "
+                         "mask reads it as a non-positive "
+                         "one (torch.where on a NaN), so is_masked and its kin count them on the low side; write an "
+                         "advantage for every loss-mask token")
         return Contribution(family=values, notes=notes)
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mismatch_cli.correction.model import Needs, ReplayFamily
+from mismatch_cli.correction.model import Needs, ReplayFamily, cap_not_positive, reversed_band
 from mismatch_cli.correction.parse import field_number, is_unset
 from mismatch_cli.errors import ConfigError, did_you_mean
 from mismatch_cli.system.numbers import parse_number
@@ -154,6 +154,24 @@ FAMILY = ReplayFamily(
     keys="mismatch_cli.trainers.skyrl.keys",
     fixes="mismatch_cli.trainers.skyrl.fixes",
     position=20,
+    degenerate=(
+        reversed_band("geo_mask_low", "geo_mask_high", "masks every sequence",
+                      "policy/loss_metrics/geo_sequence_mask_masked_ratio",
+                      lambda v: v.get("sequence_mask_metric") == "geometric"),
+        reversed_band("product_mask_low", "product_mask_high", "masks every sequence",
+                      "policy/loss_metrics/product_sequence_mask_masked_ratio",
+                      lambda v: v.get("sequence_mask_metric") == "product"),
+        reversed_band("token_mask_is_threshold_low", "token_mask_is_threshold_high", "masks every token",
+                      "policy/loss_metrics/token_mask_ratio"),
+        reversed_band("outlier_token_is_threshold_low", "outlier_token_is_threshold_high", "masks every sequence",
+                      "policy/loss_metrics/outlier_seq_masked_ratio"),
+        cap_not_positive("token_tis_ratio_clip_high", "caps every token's weight at a value <= 0: the policy "
+                         "gradient vanishes or flips its sign", "policy/loss_metrics/tis_token_clip_high_ratio",
+                         lambda v: v.get("tis_ratio_type") == "token"),
+        cap_not_positive("sequence_tis_ratio_clip_high", "caps every row's weight at a value <= 0: the policy "
+                         "gradient vanishes or flips its sign", "policy/loss_metrics/tis_seq_clip_high_ratio",
+                         lambda v: v.get("tis_ratio_type") == "sequence"),
+    ),
     needs=(
         Needs("token_tis_ratio_clip_high", "tis_ratio_type=token", lambda v: v.get("tis_ratio_type") == "token"),
         Needs("sequence_tis_ratio_clip_high", "tis_ratio_type=sequence",

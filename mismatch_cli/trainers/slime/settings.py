@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mismatch_cli.correction.model import Needs, ReplayFamily
+from mismatch_cli.correction.model import Needs, ReplayFamily, cap_not_positive, reversed_band
 from mismatch_cli.correction.parse import field_bool, field_number
 from mismatch_cli.errors import ConfigError, did_you_mean
 
@@ -162,9 +162,16 @@ def resolve_slime_mis(fields: dict[str, Any]) -> tuple[SlimeMisSpec | SlimeSpec,
         if use_rs:
             _level(values, "rs_level")
             if not rs_lower < rs_upper:
-                raise ConfigError(f"rs_lower_bound ({rs_lower}) must be below rs_upper_bound ({rs_upper}): mis.py's "
-                                  "mask asserts lower_bound < upper_bound",
-                                  hint="give rs_lower_bound below rs_upper_bound")
+                # An unset RS bound takes the TIS one (mis.py): name the field the user actually set.
+                lower = "rs_lower_bound" if values["rs_lower_bound"] is not None else \
+                    "rs_lower_bound (unset, so tis_lower_bound's)" if values["tis_lower_bound"] is not None else \
+                    "rs_lower_bound (unset, so 1 / tis_upper_bound)"
+                upper = "rs_upper_bound" if values["rs_upper_bound"] is not None else \
+                    "rs_upper_bound (unset, so tis_upper_bound's)"
+                raise ConfigError(f"{lower} = {rs_lower} must be below {upper} = {rs_upper}: mis.py's mask asserts "
+                                  "lower_bound < upper_bound",
+                                  hint="set rs_lower_bound and rs_upper_bound with lower < upper, or fix the TIS "
+                                       "bounds they default to")
         if values["tis_batch_normalize"] and values["tis_level"] not in ("token", "sequence"):
             raise ConfigError(f"Unsupported tis_level: {values['tis_level']}",
                               hint="tis_batch_normalize takes tis_level token or sequence; set tis_batch_normalize="
@@ -209,12 +216,27 @@ _COMMON_KINDS = {"use_tis": "bool", "get_mismatch_metrics": "bool", "use_rollout
 _REDUCTION = ("per sample: mean over its loss-mask tokens, then sum over samples / samples in the step "
               "(calculate_per_token_loss: over all tokens)")
 
+# tis_clip_low above tis_clip: slime accepts it (no check), torch.clamp then gives every vanilla TIS weight tis_clip
+# and IcePop zeroes every weight (loss.py: vanilla_tis_function, icepop_function).
+def _tis_on(values: Mapping[str, Any]) -> bool:
+    return bool(values.get("use_tis") or values.get("get_mismatch_metrics"))
+
+
+_DEGENERATE = (
+    reversed_band("tis_clip_low", "tis_clip", "sets every TIS weight to tis_clip (vanilla TIS) or every IcePop "
+                  "weight to 0", "train/tis_clipfrac", _tis_on),
+    cap_not_positive("tis_clip", "caps every weight at a value <= 0: the policy gradient vanishes or flips its sign",
+                     "train/tis_clipfrac", _tis_on),
+)
+
+
 FAMILY = ReplayFamily(
     name="slime",
     accumulator="mismatch_cli.trainers.slime.engine:slime_accumulator",
     keys="mismatch_cli.trainers.slime.keys",
     fixes="mismatch_cli.trainers.slime.fixes",
     position=30,
+    degenerate=_DEGENERATE,
     needs=tuple(Needs(name, "use_tis=true (or get_mismatch_metrics=true)",
                       lambda v: bool(v.get("use_tis") or v.get("get_mismatch_metrics")))
                 for name in ("tis_clip", "tis_clip_low", "custom_tis_function_path")),
@@ -239,6 +261,9 @@ MIS_FAMILY = ReplayFamily(
     keys="mismatch_cli.trainers.slime.keys",
     fixes="mismatch_cli.trainers.slime.fixes",
     position=31,
+    degenerate=(cap_not_positive("rs_veto_threshold", "runs a veto that can never fire: no ratio is below a "
+                                 "threshold <= 0",
+                                 active=lambda v: bool(v.get("use_rs"))),),
     title=f"slime {SLIME_COMMIT[:8]} MIS helper (examples/train_infer_mismatch_helper)",
     source=f"{MIS_FILE}:compute_mis_weights, add_ppl_metrics (slime {SLIME_COMMIT[:8]})",
     defaults=MIS_DEFAULTS,

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mismatch_cli.correction.model import Needs, ReplayFamily
+from mismatch_cli.correction.model import Needs, ReplayFamily, cap_not_positive
 from mismatch_cli.correction.parse import field_bool, field_number
 from mismatch_cli.errors import ConfigError, did_you_mean
 
@@ -83,12 +83,28 @@ def describe_trl(config: Mapping[str, Any]) -> str:
     return ", ".join([f"vllm_importance_sampling_mode={config.get('vllm_importance_sampling_mode')}", *bounds])
 
 
+def warn_trl(fields: Mapping[str, Any]) -> list[str]:
+    """GRPOConfig's own warning: the deprecated cap, when given, replaces clip_max (even one given explicitly)."""
+    cap = fields.get("vllm_importance_sampling_cap")
+    if cap is None or (isinstance(cap, str) and cap.strip().lower() in ("none", "null")):
+        return []
+    given = fields.get("vllm_importance_sampling_clip_max")
+    replaced = f"; it replaces the vllm_importance_sampling_clip_max={given} you gave" if given is not None else ""
+    return [f"TRL: The `vllm_importance_sampling_cap` argument is deprecated and will be removed in v2.0.0. Use "
+            f"`vllm_importance_sampling_clip_max` instead (grpo_config.py:1143){replaced}"]
+
+
 FAMILY = ReplayFamily(
     name="trl",
     accumulator="mismatch_cli.trainers.trl.engine:TrlAccumulator",
     keys="mismatch_cli.trainers.trl.keys",
     fixes="mismatch_cli.trainers.trl.fixes",
     position=10,
+    warns=warn_trl,
+    degenerate=(cap_not_positive("vllm_importance_sampling_clip_max", "caps every weight at a value <= 0 "
+                             "(truncate modes) or zeroes every weight (mask modes)",
+                             "sampling/importance_sampling_ratio/mean",
+                             lambda v: bool(v.get("vllm_importance_sampling_correction"))),),
     needs=tuple(Needs(name, "vllm_importance_sampling_correction=true",
                       lambda v: bool(v.get("vllm_importance_sampling_correction")))
                 for name in ("vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
