@@ -96,6 +96,20 @@ def fixes_for(family: str) -> Fixes | None:
     return by_family[family] if by_family and family in by_family else loaded.FIXES
 
 
+def override_value(value: Any) -> str:
+    """A value as a Hydra / OmegaConf override writes it: null, true / false, a float's repr, else its text."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def flag_value(value: Any) -> str:
+    """A value as a command-line flag takes it: true / false, else its text."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def threshold_bounds(threshold: str) -> tuple[float | None, float]:
     """A ladder threshold as (lower, upper): "0.5_2.0" -> (0.5, 2.0), "2.0" -> (None, 2.0)."""
     if "_" in threshold:
@@ -104,4 +118,5 @@ def threshold_bounds(threshold: str) -> tuple[float | None, float]:
     return None, float(threshold)
 
 
-__all__ = ["CONCERNS", "CORE_FIXES", "Fixes", "Setting", "Trap", "fixes_for", "threshold_bounds"]
+__all__ = ["CONCERNS", "CORE_FIXES", "Fixes", "Setting", "Trap", "fixes_for", "flag_value", "override_value",
+           "threshold_bounds"]

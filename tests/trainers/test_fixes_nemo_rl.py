@@ -12,31 +12,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ladder_dumps import ROWS
+from ladder_dumps import batch as ladder_batch
 
 import mismatch_cli
 from mismatch_cli.correction import CorrectionConfig
 from mismatch_cli.correction.fixes import fixes_for, threshold_bounds
-from mismatch_cli.engine.accumulators.whatif import LADDER
 
 FIXES = fixes_for("nemo-rl")
-ROWS = [{"name": s.name, "family": s.family, "level": s.level, "threshold": s.threshold, "option": s.option}
-        for s in LADDER]
 MAPPED = [row for row in ROWS if FIXES.correction(row) is not None]
 
 
-def batch(rows: int = 60, width: int = 48, seed: int = 13) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Old and rollout (generation) log-probs and a 0/1 mask, rows close or far apart."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(4, width + 1, rows)
-    mask = np.arange(width)[None, :] < lengths[:, None]
-    rollout = -rng.exponential(1.5, (rows, width))
-    scale = np.array([1e-4, 4e-3, 0.35])[np.arange(rows) % 3][:, None]
-    delta = rng.normal(0.0, 1.0, (rows, width)) * scale
-    spikes = (rng.random((rows, width)) < 0.03) & (scale > 0.1)
-    delta += spikes * rng.choice([-1.0, 1.0], (rows, width)) * rng.uniform(1.0, 3.0, (rows, width))
-    delta[np.arange(rows) % 7 == 0, 1] = -12.0
-    delta[np.arange(rows) % 11 == 5, 3] = 3.0  # above every TIS cap
-    return rollout + delta, rollout, mask.astype(np.int8)
+def batch() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ladder batch (tests/ladder_dumps.py): rows close or far apart, a few outliers."""
+    return ladder_batch(seed=13)
 
 
 @pytest.fixture(scope="module")

@@ -11,37 +11,26 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ladder_dumps import ROWS
+from ladder_dumps import batch as ladder_batch
 
 import mismatch_cli
 from mismatch_cli.correction import CorrectionConfig
 from mismatch_cli.correction.fixes import fixes_for, threshold_bounds
-from mismatch_cli.engine.accumulators.whatif import LADDER
 
 FIXES = fixes_for("skyrl")
 P = "policy/loss_metrics/"
 MICRO = 7  # rows per micro-batch: 60 rows make 8 whole micro-batches and one of 4
-ROWS = [{"name": s.name, "family": s.family, "level": s.level, "threshold": s.threshold, "option": s.option}
-        for s in LADDER]
 MAPPED = [row for row in ROWS if FIXES.correction(row) is not None]
 
 
-def batch(rows: int = 60, width: int = 48, seed: int = 7) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Old and rollout log-probs and a 0/1 mask: rows near-identical, close, or far apart, with a few outliers."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(4, width + 1, rows)
-    mask = np.arange(width)[None, :] < lengths[:, None]
-    rollout = -rng.exponential(1.5, (rows, width))
-    scale = np.array([1e-4, 4e-3, 0.35])[np.arange(rows) % 3][:, None]
-    delta = rng.normal(0.0, 1.0, (rows, width)) * scale
-    spikes = (rng.random((rows, width)) < 0.03) & (scale > 0.1)
-    delta += spikes * rng.choice([-1.0, 1.0], (rows, width)) * rng.uniform(1.0, 3.0, (rows, width))
-    delta[np.arange(rows) % 7 == 0, 1] = -12.0  # below log(1e-4): both vetoes drop the row
-    delta[np.arange(rows) % 11 == 5, 3] = 3.0  # above every TIS cap
-    delta[np.arange(rows) % 7 == 3, 2] = -8.0  # between log(1e-4) and log(1e-3)
-    # Geometric means between 1.001 and 1/0.999 (two rows) and between 1/1.001 and 0.999 (one): under 0.999_1.001
-    # verl's k1 direction keeps the first two and drops the third, the intended direction the reverse.
-    delta[[1, 10]], delta[4] = np.log(1.0010005), np.log(0.9990005)
-    return rollout + delta, rollout, mask.astype(np.int8)
+def batch() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ladder batch (tests/ladder_dumps.py) with rows in both vetoes' gap, and three whose geometric means sit
+    between 1.001 and 1/0.999 (two rows) and between 1/1.001 and 0.999 (one): under 0.999_1.001 verl's k1 direction
+    keeps the first two and drops the third, the intended direction the reverse."""
+    old, rollout, mask = ladder_batch(seed=7, veto_band=True)
+    old[[1, 10]], old[4] = rollout[[1, 10]] + np.log(1.0010005), rollout[4] + np.log(0.9990005)
+    return old, rollout, mask
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mismatch_cli.correction.fixes import Fixes, Setting, Trap, threshold_bounds
+from mismatch_cli.correction.fixes import Fixes, Setting, Trap, override_value, threshold_bounds
 
 CLI = "areal/api/cli_args.py"
 FUNCTIONAL = "areal/utils/functional/functional.py"
@@ -149,26 +149,18 @@ def correction(row: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _value(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return repr(value) if isinstance(value, float) else str(value)
-
-
 def native(fields: Mapping[str, Any]) -> str:
     """Our AReaL fields as the Hydra overrides a user passes (`actor.…`, `++actor.rejection_sampling.…`)."""
     parts = []
     if "use_decoupled_loss" in fields:
-        parts.append(f"actor.use_decoupled_loss={_value(bool(fields['use_decoupled_loss']))}")
+        parts.append(f"actor.use_decoupled_loss={override_value(bool(fields['use_decoupled_loss']))}")
     section = {k: v for k, v in fields.items() if k not in ("use_decoupled_loss", "rejection_sampling")}
     switch = fields.get("rejection_sampling")
     if switch is False or (switch is None and "rejection_sampling" in fields):
         parts.append("++actor.rejection_sampling=null")
     elif switch and not section:
         parts.append(f"{RS}level=token")  # one key creates the section, the others at their defaults
-    parts += [f"{RS}{name}={_value(value)}" for name, value in section.items()]
+    parts += [f"{RS}{name}={override_value(value)}" for name, value in section.items()]
     return " ".join(parts)
 
 

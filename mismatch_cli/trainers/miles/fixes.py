@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from mismatch_cli.correction.fixes import Fixes, Setting, Trap
 from mismatch_cli.trainers.miles.settings import CORRECTIONS, MIS_FUNCTIONS
-from mismatch_cli.trainers.slime.fixes import CONTEXT, hook_correction, hook_native, mis_correction, mis_native
+from mismatch_cli.trainers.slime.fixes import (
+    CONTEXT,
+    hook_correction,
+    hook_native,
+    mis_correction,
+    mis_native,
+    mis_yaml_settings,
+)
 
 ARGS = "miles/utils/arguments.py"
 LOSSES = "miles/backends/training_utils/loss_hub/losses.py"
@@ -36,13 +43,7 @@ def _settings(mis: bool) -> dict[str, tuple[Setting, ...]]:
                 f"{MIS_DIR}/run-qwen3-4b-mis.sh:126", "the MIS helper, an example plug-in, FSDP: "
                 "compute_mis_weights_fsdp; its knobs are YAML keys of mis.yaml; the shipped file also rejects "
                 "outside [0.5, 2.0], vetoes at 1.0e-4 and batch-normalizes"),
-        Setting('tis_level: "sequence"', f"{MIS_DIR}/mis.yaml:9", "YAML key: token, sequence = the sample's sum "
-                "of log-ratios, or geometric = their mean; clamped to ±20 before exp"),
-        Setting('tis_mode: "mask"', f"{MIS_DIR}/mis.yaml:16", "YAML key: truncate caps at tis_upper_bound; mask "
-                "drops tokens / samples outside [tis_lower_bound, tis_upper_bound] from the loss mask"),
-        Setting("use_rs: false", f"{MIS_DIR}/mis.yaml:3", "YAML key: the rejection mask, and the veto with it"),
-        Setting("tis_batch_normalize: false", f"{MIS_DIR}/mis.yaml:39", "YAML key: true rescales the weights to "
-                "mean 1 over the batch"),
+        *mis_yaml_settings(MIS_DIR),
     )
     return {
         "temperature": (Setting("--rollout-temperature T", f"{ARGS}:505",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mismatch_cli.correction.fixes import Fixes, Setting, Trap, threshold_bounds
+from mismatch_cli.correction.fixes import Fixes, Setting, Trap, flag_value, threshold_bounds
 
 ARGS = "swift/rlhf_trainers/args_mixin.py"
 ROLLOUT = "swift/rlhf_trainers/rollout_mixin.py"
@@ -118,13 +118,9 @@ def correction(row: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"rollout_importance_sampling_mode": "token_truncate", "rollout_importance_sampling_threshold": upper}
 
 
-def _value(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def native(fields: Mapping[str, Any]) -> str:
     """ms-swift fields as the `swift rlhf` flags a user passes (an unset mode is left out)."""
-    return " ".join(f"--{name} {_value(value)}" for name, value in fields.items() if value is not None)
+    return " ".join(f"--{name} {flag_value(value)}" for name, value in fields.items() if value is not None)
 
 
 FIXES = Fixes(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mismatch_cli.correction.fixes import Fixes, Setting, Trap, threshold_bounds
+from mismatch_cli.correction.fixes import Fixes, Setting, Trap, override_value, threshold_bounds
 
 YAML = "examples/configs/grpo_math_1B.yaml"
 LOSS = "nemo_rl/algorithms/loss/loss_functions.py"
@@ -153,17 +153,9 @@ def correction(row: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _value(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return repr(value) if isinstance(value, float) else str(value)
-
-
 def native(fields: Mapping[str, Any]) -> str:
     """ClippedPGLossConfig fields as the `loss_fn.` overrides a NeMo-RL user passes (keys of grpo_math_1B.yaml)."""
-    return " ".join(f"loss_fn.{name}={_value(value)}" for name, value in fields.items())
+    return " ".join(f"loss_fn.{name}={override_value(value)}" for name, value in fields.items())
 
 
 FIXES = Fixes(

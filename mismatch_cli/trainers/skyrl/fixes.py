@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mismatch_cli.correction.fixes import Fixes, Setting, Trap, threshold_bounds
+from mismatch_cli.correction.fixes import Fixes, Setting, Trap, override_value, threshold_bounds
 
 CONFIG = "skyrl/train/config/config.py"
 OPC = "skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py"
@@ -168,18 +168,12 @@ def correction(row: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _value(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return repr(value) if isinstance(value, float) else str(value)
-
-
 def native(fields: Mapping[str, Any]) -> str:
     """OffPolicyCorrectionConfig fields as the overrides a SkyRL user passes (`trainer.algorithm.…`)."""
-    return " ".join(f"{'trainer.' if name == 'micro_train_batch_size_per_gpu' else CORRECTION}{name}={_value(value)}"
-                    for name, value in fields.items())
+    def prefix(name: str) -> str:
+        return "trainer." if name == "micro_train_batch_size_per_gpu" else CORRECTION
+
+    return " ".join(f"{prefix(name)}{name}={override_value(value)}" for name, value in fields.items())
 
 
 FIXES = Fixes(

@@ -122,6 +122,19 @@ def _text(value: Any) -> str:
     return flag_number(value) if isinstance(value, (int, float)) else str(value)
 
 
+def mis_yaml_settings(mis_dir: str) -> tuple[Setting, ...]:
+    """The MIS helper's mis.yaml keys a user changes (the same file, line for line, in slime and in Miles)."""
+    return (
+        Setting('tis_level: "sequence"', f"{mis_dir}/mis.yaml:9", "YAML key: token, sequence = the sample's sum "
+                "of log-ratios, or geometric = their mean; clamped to ±20 before exp"),
+        Setting('tis_mode: "mask"', f"{mis_dir}/mis.yaml:16", "YAML key: truncate caps at tis_upper_bound; mask "
+                "drops tokens / samples outside [tis_lower_bound, tis_upper_bound] from the loss mask"),
+        Setting("use_rs: false", f"{mis_dir}/mis.yaml:3", "YAML key: the rejection mask, and the veto with it"),
+        Setting("tis_batch_normalize: false", f"{mis_dir}/mis.yaml:39", "YAML key: true rescales the weights to "
+                "mean 1 over the batch"),
+    )
+
+
 def _settings(mis: bool) -> dict[str, tuple[Setting, ...]]:
     hook = (
         Setting("--use-tis --tis-clip 2.0", f"{ARGS}:1061; {ARGS}:1067",
@@ -136,13 +149,7 @@ def _settings(mis: bool) -> dict[str, tuple[Setting, ...]]:
                 f"{MIS_DIR}/run-qwen3-4b-mis.sh:125", "the MIS helper, an example plug-in: its knobs are YAML keys "
                 "of mis.yaml; the shipped file also rejects outside [0.5, 2.0], vetoes at 1.0e-4 and "
                 "batch-normalizes"),
-        Setting('tis_level: "sequence"', f"{MIS_DIR}/mis.yaml:9", "YAML key: token, sequence = the sample's sum "
-                "of log-ratios, or geometric = their mean; clamped to ±20 before exp"),
-        Setting('tis_mode: "mask"', f"{MIS_DIR}/mis.yaml:16", "YAML key: truncate caps at tis_upper_bound; mask "
-                "drops tokens / samples outside [tis_lower_bound, tis_upper_bound] from the loss mask"),
-        Setting("use_rs: false", f"{MIS_DIR}/mis.yaml:3", "YAML key: the rejection mask, and the veto with it"),
-        Setting("tis_batch_normalize: false", f"{MIS_DIR}/mis.yaml:39", "YAML key: true rescales the weights to "
-                "mean 1 over the batch"),
+        *mis_yaml_settings(MIS_DIR),
     )
     return {
         "temperature": (Setting("--rollout-temperature T", f"{ARGS}:343",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mismatch_cli.correction.fixes import Fixes, Setting, Trap, threshold_bounds
+from mismatch_cli.correction.fixes import Fixes, Setting, Trap, flag_value, threshold_bounds
 
 CONFIG = "trl/trainer/grpo_config.py"
 TRAINER = "trl/trainer/grpo_trainer.py"
@@ -145,15 +145,9 @@ def correction(row: Mapping[str, Any]) -> dict[str, Any] | None:
     return fields
 
 
-def _value(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value)
-
-
 def native(fields: Mapping[str, Any]) -> str:
     """GRPOConfig fields as the flags a TRL user passes (a None field is left out: unset is None)."""
-    return " ".join(f"--{name} {_value(value)}" for name, value in fields.items() if value is not None)
+    return " ".join(f"--{name} {flag_value(value)}" for name, value in fields.items() if value is not None)
 
 
 FIXES = Fixes(

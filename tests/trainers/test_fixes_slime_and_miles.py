@@ -1,8 +1,9 @@
-"""Miles's correction mapping is exact: each ladder row it expresses, run through semantics miles / miles-mis with the
-mapped fields (Miles's own hook and helper paths), truncates / masks exactly the tokens and rows that float64 numpy
-finds from the dump's own columns, with Miles's reducer (slime's: per sample the mean over its tokens, then the mean
-over samples), and the same share as the what-if ladder's row under the per-token reducer. On a synthetic dump whose
-log-ratios reach every threshold of the ladder (and past the ±20 safety bound), and on sample_data/real/fp8.parquet."""
+"""slime's and Miles's correction mappings are exact: each ladder row they express, run through semantics slime /
+slime-mis / miles / miles-mis with the mapped fields (Miles's own hook and helper paths), truncates / masks exactly the
+tokens and rows that float64 numpy finds from the dump's own columns, with slime's reducer (per sample the mean over
+its tokens, then the mean over samples; Miles keeps it), and the same share as the what-if ladder's row under the
+per-token reducer. On a synthetic dump whose log-ratios reach every threshold of the ladder (and past the ±20 safety
+bound), and on sample_data/real/fp8.parquet."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def _synthetic(path: Path) -> Path:
 
 @pytest.fixture(scope="module", params=["synthetic", "real"])
 def dump(request, tmp_path_factory) -> Path:
-    return _synthetic(tmp_path_factory.mktemp("miles") / "dump.parquet") if request.param == "synthetic" else REAL
+    return _synthetic(tmp_path_factory.mktemp("slime") / "dump.parquet") if request.param == "synthetic" else REAL
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,7 @@ def rows(dump) -> list[np.ndarray]:
 
 
 def _sample_mean(per_token: list[np.ndarray]) -> float:
-    """Miles's (slime's) default reducer: each sample's sum / max(tokens, 1), averaged over the samples."""
+    """slime's default reducer: each sample's sum / max(tokens, 1), averaged over the samples."""
     return float(np.mean([x.sum() / max(x.size, 1) for x in per_token]))
 
 
@@ -88,24 +89,29 @@ def _hit(d: np.ndarray, scenario) -> np.ndarray:
     return w > upper if scenario.family == "tis" else (w < lower) | (w > upper)
 
 
-@pytest.mark.parametrize("scenario", _expressed("miles"), ids=lambda s: s.name)
-def test_miles_hook_truncates_or_zeroes_the_ladders_tokens(scenario, dump, rows) -> None:
-    fields = fixes_for("miles").correction(_row(scenario))
-    report = _run(dump, "miles", fields)
+def _cases(*families: str) -> list:
+    return [pytest.param(family, scenario, id=f"{family}-{scenario.name}")
+            for family in families for scenario in _expressed(family)]
+
+
+@pytest.mark.parametrize(("family", "scenario"), _cases("slime", "miles"))
+def test_the_hook_truncates_or_zeroes_the_ladders_tokens(family, scenario, dump, rows) -> None:
+    fields = fixes_for(family).correction(_row(scenario))
+    report = _run(dump, family, fields)
     # train/tis_clipfrac: 1 where the hook's weight differs from exp(d) (clamped, or IcePop's 0).
     expected = _sample_mean([_hit(d, scenario).astype(np.float64) for d in rows])
     assert expected > 0 or dump == REAL
     assert report.metrics["train/tis_clipfrac"] == pytest.approx(expected, abs=1e-6)
-    per_token = _run(dump, "miles", fields, per_token=True)
+    per_token = _run(dump, family, fields, per_token=True)
     share = "truncated_token_fraction" if scenario.family == "tis" else "masked_token_fraction"
     assert per_token.metrics["train/tis_clipfrac"] == pytest.approx(_ladder(per_token, scenario.name)[share],
                                                                     abs=1e-6)
 
 
-@pytest.mark.parametrize("scenario", _expressed("miles-mis"), ids=lambda s: s.name)
-def test_mis_helper_truncates_or_masks_the_ladders_tokens(scenario, dump, rows) -> None:
-    fields = fixes_for("miles-mis").correction(_row(scenario))
-    report = _run(dump, "miles-mis", fields)
+@pytest.mark.parametrize(("family", "scenario"), _cases("slime-mis", "miles-mis"))
+def test_mis_helper_truncates_or_masks_the_ladders_tokens(family, scenario, dump, rows) -> None:
+    fields = fixes_for(family).correction(_row(scenario))
+    report = _run(dump, family, fields)
     hits = [_hit(d, scenario) for d in rows]
     expected = _sample_mean([h.astype(np.float64) for h in hits])
     assert expected > 0 or dump == REAL
@@ -120,7 +126,7 @@ def test_mis_helper_truncates_or_masks_the_ladders_tokens(scenario, dump, rows) 
         kept = _sample_mean([np.abs(d) * ~h for d, h in zip(rows, hits, strict=True)])
         assert report.metrics["train/train_rollout_logprob_abs_diff"] == pytest.approx(kept, rel=1e-5)
     assert got == pytest.approx(expected, abs=1e-6)
-    per_token = _run(dump, "miles-mis", fields, per_token=True)
+    per_token = _run(dump, family, fields, per_token=True)
     ladder = _ladder(per_token, scenario.name)
     if scenario.family == "tis":
         assert per_token.metrics["train/mis_tis_truncate_fraction"] == pytest.approx(
@@ -131,16 +137,31 @@ def test_mis_helper_truncates_or_masks_the_ladders_tokens(scenario, dump, rows) 
         assert masked == pytest.approx(ladder["masked_token_fraction"], abs=1e-6)
 
 
-def test_what_miles_cannot_compute_maps_to_none() -> None:
-    # As slime's: the hook has no sequence level; the MIS helper always weighs the tokens RS or the veto keep.
-    assert {s.name for s in _expressed("miles")} == {s.name for s in LADDER
-                                                      if s.family in ("tis", "icepop") and s.level == "token"}
-    assert {s.name for s in _expressed("miles-mis")} == {s.name for s in LADDER if s.family in ("tis", "icepop")}
+@pytest.mark.parametrize(("hook", "mis"), [("slime", "slime-mis"), ("miles", "miles-mis")])
+def test_what_slime_and_miles_cannot_compute_maps_to_none(hook, mis) -> None:
+    # The hook has no sequence level; the MIS helper always weighs the tokens RS or the veto keep.
+    assert {s.name for s in _expressed(hook)} == {s.name for s in LADDER
+                                                  if s.family in ("tis", "icepop") and s.level == "token"}
+    assert {s.name for s in _expressed(mis)} == {s.name for s in LADDER if s.family in ("tis", "icepop")}
 
 
 def test_native_writes_flags_and_a_yaml_pyyaml_reads_back() -> None:
-    import yaml
+    yaml = pytest.importorskip("yaml")
 
+    icepop = next(s for s in LADDER if s.family == "icepop" and s.level == "token")
+    assert fixes_for("slime").native(fixes_for("slime").correction(_row(icepop))) == (
+        "--use-tis --custom-tis-function-path slime.backends.megatron_utils.loss.icepop_function "
+        "--tis-clip-low 0.5 --tis-clip 2.0")
+    mis = fixes_for("slime-mis")
+    fields = mis.correction(_row(next(s for s in LADDER if s.family == "tis" and s.level == "sequence")))
+    flags, _, config = mis.native({**fields, "rs_veto_threshold": 1e-5}).partition("  # mis.yaml: ")
+    assert flags.startswith("--use-tis --custom-config-path mis.yaml --custom-tis-function-path examples.")
+    loaded = yaml.safe_load(config)
+    assert loaded["rs_veto_threshold"] == 1e-5 and loaded["use_rs"] is False and loaded["tis_level"] == "sequence"
+
+
+def test_miles_native_names_its_own_paths() -> None:
+    yaml = pytest.importorskip("yaml")
     icepop = next(s for s in LADDER if s.family == "icepop" and s.level == "token")
     assert fixes_for("miles").native(fixes_for("miles").correction(_row(icepop))) == (
         "--use-tis --custom-tis-function-path miles.backends.training_utils.loss_hub.corrections.icepop_function "
