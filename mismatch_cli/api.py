@@ -13,6 +13,7 @@ from mismatch_cli.answers.drift import drift
 from mismatch_cli.answers.findings import find
 from mismatch_cli.answers.findings.causes import few_tokens
 from mismatch_cli.answers.health import summarize
+from mismatch_cli.answers.hypotheses import hypotheses
 from mismatch_cli.answers.recommend import recommend
 from mismatch_cli.correction import CorrectionConfig, ResolvedCorrection, resolve, trainer_warnings
 from mismatch_cli.engine.core.breakdown import MISSING_LABEL
@@ -203,9 +204,11 @@ def build_report(
         recommendation=recommend(result.overall.metrics, config, result.overall.what_if, few),
         drift=drift(steps),
     )
-    report.findings = [f.to_dict() for f in find(report, getattr(result.overall, "signatures", {}))]
+    table = getattr(result.overall, "signatures", {})
+    report.findings = [f.to_dict() for f in find(report, table)]
     report.summary, report.recommendation = diagnose(report.summary, report.recommendation, report.findings,
                                                       report.config)
+    report.summary["causes"] = hypotheses(report.findings, report.metrics, table, report.summary["diagnosis"])
     if said:
         report.summary["setting_warnings"] = said
     return report

@@ -26,6 +26,8 @@ class Batch:
     the trainer process that held each row (int64 per row) when the dump says so, else None: only a
     replayed trainer that averages over processes (TRL) reads it. `rows` is each row's index within
     `source` when the rows are not `first_row` onward (a selection of scattered rows), else None.
+    `policy_versions` is each row's policy version (float64, NaN where unknown) when the dump stamps one,
+    `version_kind` "version" (counts up) or "lag" (versions behind the trainer): the policy-lag evidence.
     """
 
     old_log_probs: np.ndarray
@@ -41,6 +43,8 @@ class Batch:
     advantages: np.ndarray | None = None
     process_index: np.ndarray | None = None
     rows: np.ndarray | None = None
+    policy_versions: np.ndarray | None = None
+    version_kind: str = ""
 
     @property
     def num_rows(self) -> int:
@@ -89,6 +93,8 @@ class Batch:
             advantages=None if self.advantages is None else self.advantages[positions],
             process_index=None if self.process_index is None else self.process_index[rows],
             rows=None if contiguous else numbers,
+            policy_versions=None if self.policy_versions is None else self.policy_versions[rows],
+            version_kind=self.version_kind,
         )
 
     def slice_rows(self, start: int, stop: int) -> Batch:
@@ -108,6 +114,8 @@ class Batch:
             advantages=None if self.advantages is None else self.advantages[a:b],
             process_index=None if self.process_index is None else self.process_index[start:stop],
             rows=None if self.rows is None else self.rows[start:stop],
+            policy_versions=None if self.policy_versions is None else self.policy_versions[start:stop],
+            version_kind=self.version_kind,
         )
 
 
@@ -147,4 +155,6 @@ def concat_rows(batches: list[Batch],
         advantages=tokens("advantages", [b.advantages for b in batches]),
         process_index=joined([b.process_index for b in batches]),
         rows=None if all(b.rows is None for b in batches) else np.concatenate([b.row_numbers() for b in batches]),
+        policy_versions=joined([b.policy_versions for b in batches]),
+        version_kind=first.version_kind if all(b.version_kind == first.version_kind for b in batches) else "",
     )

@@ -21,6 +21,10 @@ CAUSE_CONCERNS: dict[str, tuple[str, ...]] = {
     "constant_fill": ("rollout_logprobs",),
     "shifted_streams": (),
     "precision_gap": ("precision",),
+    "lag_or_precision": ("policy_version",),
+    "policy_lag": ("policy_version",),
+    "mask_covers_prompt": ("response_mask",),
+    "logit_processor": ("penalties",),
     "low_precision": ("low_precision",),
     "correction_drops": (),  # the replacement follows in the trainer's own syntax (the recommendation's line)
 }
@@ -37,12 +41,19 @@ def _setting(setting: Setting) -> str:
     return f"{setting.text} ({setting.note})" if setting.note else setting.text
 
 
+def concerns_of(cause: str, evidence: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """The concerns that close a cause, given its evidence (a truncation that may be a penalty: both)."""
+    if cause == "processed_logprobs" and (evidence or {}).get("or_penalty"):
+        return (*CAUSE_CONCERNS[cause], "penalties")
+    return CAUSE_CONCERNS.get(cause, ())
+
+
 def settings_for(cause: str, fixes: Fixes, evidence: Mapping[str, Any] | None = None) -> list[Setting]:
     """The settings of a cause's concerns, the first ones first (a fill of the old side needs none)."""
     if cause == "constant_fill" and (evidence or {}).get("side") == "old":
         return []
     found: list[Setting] = []
-    for concern in CAUSE_CONCERNS.get(cause, ()):
+    for concern in concerns_of(cause, evidence):
         found += list(fixes.settings.get(concern) or ())
     return found
 
@@ -53,17 +64,18 @@ def in_trainer(cause: str, family: str, evidence: Mapping[str, Any] | None = Non
     if fixes is None or not settings_for(cause, fixes, evidence) and cause == "constant_fill":
         return ""
     parts = []
-    for concern in CAUSE_CONCERNS.get(cause, ()):
+    for concern in concerns_of(cause, evidence):
         shown = (fixes.settings.get(concern) or ())[:SHOWN_PER_CONCERN]
         if shown:
             parts += [_setting(s) for s in shown]
         elif fixes.missing.get(concern):
-            parts.append(f"no {concern.replace('_', ' ')} setting: {fixes.missing[concern]}")
+            missing = fixes.missing[concern]
+            parts.append(missing if missing.startswith("no ") else f"no {concern.replace('_', ' ')} setting: {missing}")
     traps = [trap.text for trap in fixes.traps_for(cause)[:SHOWN_TRAPS]]
     text = f"in {fixes.trainer}: {'; '.join(parts)}" if parts else ""
     if traps:
         text += ("; " if text else "") + f"known trap in {fixes.trainer}: {traps[0]}"
-    more = sum(len(fixes.settings.get(c) or ()) for c in CAUSE_CONCERNS.get(cause, ())) > len(parts)
+    more = sum(len(fixes.settings.get(c) or ()) for c in concerns_of(cause, evidence)) > len(parts)
     if text and more:
         text += f" (more: mismatch fixes --semantics {family})"
     return text
@@ -86,4 +98,4 @@ def fix_entry(code: str, text: str, config: Mapping[str, Any],
             "settings": [{"text": s.text, "source": s.source, "note": s.note} for s in settings]}
 
 
-__all__ = ["CAUSE_CONCERNS", "family_of", "fix_entry", "fix_text", "in_trainer", "settings_for"]
+__all__ = ["CAUSE_CONCERNS", "concerns_of", "family_of", "fix_entry", "fix_text", "in_trainer", "settings_for"]

@@ -10,6 +10,7 @@ import torch
 from mismatch_cli.correction import ResolvedCorrection, make_accumulator
 from mismatch_cli.engine import INFINITE_NOTE, UNDEFINED_NOTE
 from mismatch_cli.engine.accumulators.diagnostics import DiagnosticsAccumulator
+from mismatch_cli.engine.accumulators.evidence import EvidenceAccumulator
 from mismatch_cli.engine.accumulators.family import FamilyAccumulator
 from mismatch_cli.engine.accumulators.importance import ImportanceAccumulator
 from mismatch_cli.engine.accumulators.offpolicy import OFFPOLICY_KEYS, OffPolicyAccumulator
@@ -51,7 +52,7 @@ class BatchResult:
 
 # Update order: the deciders (IS, RS, the older family) before the accumulators reading their decisions.
 ACCUMULATORS = ("importance", "rejection", "family", "trainer", "offpolicy", "diagnostics", "what_if", "worst",
-                "signatures", "bootstrap", "rounds")
+                "signatures", "evidence", "bootstrap", "rounds")
 
 
 class BatchAccumulator:
@@ -90,6 +91,7 @@ class BatchAccumulator:
         self.what_if = WhatIfAccumulator(correction.k1_bounds, device) if extras else None
         self.worst = WorstSequences() if extras else None
         self.signatures = SignaturesAccumulator(device)  # the findings' evidence (and per-step diag/ keys)
+        self.evidence = EvidenceAccumulator(device)  # zero-filled prefixes, the gap per policy version
         self.bootstrap = (
             BootstrapAccumulator(bootstrap, device, correction.is_level if self.importance else None,
                                  self.rejection is not None)
@@ -151,7 +153,9 @@ class BatchAccumulator:
             result.notes += part.notes
             result.icepop_rejects_all |= part.icepop_rejects_all
             for name in TABLES:
-                if getattr(part, name):
+                if getattr(part, name) and name == "signatures":  # the signatures' and the evidence's keys
+                    result.signatures = {**result.signatures, **part.signatures}
+                elif getattr(part, name):
                     setattr(result, name, getattr(part, name))
         result.metrics = {**{k: finite_or_none(family[k]) for k in sorted(family)}, **result.metrics}
         # None: an input the trainer needs is absent (its accumulator says which in a note).

@@ -44,6 +44,29 @@ ADVANTAGE_ALIASES: tuple[str, ...] = ("advantages", "advantage", "token_advantag
 # An optional per-row rank of the trainer process that held the row (accelerate's name), for a replayed
 # trainer that reduces per process first (TRL).
 PROCESS_COLUMN = "process_index"
+# An optional policy version per row (or per token: the row's oldest is kept), for the policy-lag evidence: the
+# versions a trainer stamps on its samples, first match wins (docs/formats.md, "Policy versions"). A lag column
+# says how many versions behind the sample is; a version column counts up, and a row's lag is then the newest
+# version of its step minus its own.
+LAG_COLUMNS: tuple[str, ...] = (
+    "policy_lag",
+    "staleness",  # SkyRL's fully async trainer (global_step - global_step_when_scheduled)
+    "seq_staleness",  # xtuner RolloutState
+    "off_policy_steps",
+    "trajectory_staleness",
+)
+VERSION_COLUMNS: tuple[str, ...] = (
+    "policy_version",
+    "model_version",  # TRL's experimental async GRPO
+    "weight_version",
+    "oldest_weight_version",  # slime / Miles Sample
+    "weight_versions",  # slime / Miles Sample, one per turn (the oldest is kept)
+    "versions",  # AReaL, one per token, -1 on prompt tokens
+    "response_model_steps",  # xtuner, one per token
+    "min_global_steps",  # verl's agent loop (V1 trainer)
+    "global_step_when_scheduled",  # SkyRL's fully async trainer
+    "trajectory_versions",  # NeMo-RL's async replay buffer
+)
 
 
 def check_options(options: ReadOptions) -> None:

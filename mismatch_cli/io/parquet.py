@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -10,7 +11,7 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from ._common import check_file, missing_group, reason
-from .aliases import ADVANTAGE_ALIASES, PROCESS_COLUMN, resolve_roles
+from .aliases import ADVANTAGE_ALIASES, LAG_COLUMNS, PROCESS_COLUMN, VERSION_COLUMNS, resolve_roles
 from .arrays import to_numpy
 from .options import ReadOptions
 from .remote import is_remote, open_remote, store_error
@@ -192,7 +193,8 @@ def _read_open(handle: pq.ParquetFile, path: str, options: ReadOptions,
         raise InputError(f"expected an integer {process_name} column (the rank that held each row), got "
                          f"{schema.field(process_name).type} in {path}",
                          hint=f"store {process_name} as an integer per row, or rename the column")
-    extra = (step_name, id_name, advantage_name, process_name)
+    version = _version_column(schema, set(names.values()) | set(groups) | {step_name})
+    extra = (step_name, id_name, advantage_name, process_name, version[0] if version else None)
     needed = list(dict.fromkeys([*names.values(), *(n for n in extra if n is not None), *groups]))
 
     metadata = handle.metadata
@@ -205,11 +207,29 @@ def _read_open(handle: pq.ParquetFile, path: str, options: ReadOptions,
             for record_batch in handle.iter_batches(batch_size=options.chunk_rows, columns=needed, row_groups=[group]):
                 if record_batch.num_rows == 0:
                     continue
-                yield _decode(record_batch, names, step_name, id_name, groups, path, first_row, advantage_name,
-                                process_name)
+                decoded = _decode(record_batch, names, step_name, id_name, groups, path, first_row, advantage_name,
+                                  process_name)
+                if version is not None:
+                    column = record_batch.column(version[0])
+                    values = _flatten(column, "version", version[0], path, first_row) if _is_list(column.type) \
+                        else Column(to_numpy(column.cast(pa.float64())), None, version[0])
+                    decoded = replace(decoded, policy_versions=values, version_kind=version[1])
+                yield decoded
                 first_row += record_batch.num_rows
     except (pa.ArrowException, OSError) as exc:
         raise _read_error(path, exc, f" (after row {first_row})") from exc
+
+
+def _version_column(schema: pa.Schema, taken: set[str | None]) -> tuple[str, str] | None:
+    """The first lag or policy-version column holding integers (one per row or a list per row), and its kind."""
+    for names, kind in ((LAG_COLUMNS, "lag"), (VERSION_COLUMNS, "version")):
+        for name in names:
+            if name in schema.names and name not in taken and schema.names.count(name) == 1:
+                t = schema.field(name).type
+                t = t.value_type if _is_list(t) else t
+                if pa.types.is_integer(t):
+                    return name, kind
+    return None
 
 
 def _refuse_duplicates(available: list[str], wanted: list[str], path: str) -> None:

@@ -19,14 +19,15 @@ from mismatch_cli.render.lead import (
     Line,
     bug_signatures,
     causes,
-    drift_lines,
     findings_of,
     glossary,
     key_metrics,
+    ruled_out,
     setting_warnings,
     verdict,
     what_to_do_of,
 )
+from mismatch_cli.render.lead_drift import drift_lines
 from mismatch_cli.report import Report
 
 LEAD_STYLE = """
@@ -149,7 +150,8 @@ def render_lead(report: Report) -> str:
         _health(report),
         _findings("Why", causes(findings), None),
         _what_to_do(report),
-        _findings("Dump checks (bug signatures)", bug_signatures(findings), NO_BUG, first_fix),
+        _findings("Dump checks (bug signatures)", bug_signatures(findings), NO_BUG, first_fix)
+        + (f'<p class="answer">{escape(ruled_out(report))}</p>' if ruled_out(report) else ""),
         _drift(report),
         _key_metrics(report),
     ]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mismatch_cli.answers.findings.model import percent
+from mismatch_cli.answers.hypotheses import ruled_out_text
 from mismatch_cli.correction import REPLAY_FAMILIES
 from mismatch_cli.metrics import lookup
 from mismatch_cli.metrics.notes import explain
@@ -32,8 +33,7 @@ CAUSE = "concentrated_divergence"
 DROPS = "correction_drops"  # the run's correction removes too much: said in What to do, not among the dump checks
 DEGENERATE = "degenerate_setting"  # a setting that makes the correction degenerate: leads the screen and What to do
 OWN_CORRECTION = (DROPS, DEGENERATE)
-NO_BUG = "none found (fill, shift, temperature, processed log-probs, identical sides)"
-NO_DRIFT = "no metric trends, shifts or leaves its band over the steps"
+NO_BUG = "none found"
 BAD, GOOD = "bad", "good"
 SEQ_ESS = "diag/ess_seq_kish"  # health checks it before a correction only when the correction is sequence-level
 RS_MASKED, RS_SEQ_MASKED = "rollout_corr/rollout_rs_masked_fraction", "rollout_corr/rollout_rs_seq_masked_fraction"
@@ -196,6 +196,11 @@ def bug_signatures(findings: Iterable[Mapping[str, Any]]) -> list[Mapping[str, A
     return [f for f in findings if f.get("code") not in (CAUSE, *OWN_CORRECTION)]
 
 
+def ruled_out(report: Report) -> str:
+    """The causes the dump's measurements rule out, each with the number that does (answers/hypotheses.py)."""
+    return ruled_out_text(report.summary.get("causes") or [])
+
+
 def setting_warnings(findings: Iterable[Mapping[str, Any]], summary: Mapping[str, Any] | None = None) -> list[str]:
     """The lines that lead the screen: what the trainer itself warns about the settings given (a deprecated field
     replacing one), then each setting that makes the run's correction degenerate."""
@@ -258,7 +263,7 @@ def what_to_do(recommendation: Mapping[str, Any] | None, diagnosis: Mapping[str,
 
 
 FIX_LEADS = {"correction_drops": "your correction", "degenerate_setting": "your setting",
-             "precision_gap": "at the source"}
+             "precision_gap": "at the source", "lag_or_precision": "or a policy lag", "policy_lag": "the policy lag"}
 
 
 def what_to_do_of(report: Report) -> list[Line]:
@@ -338,40 +343,6 @@ def _own_words(option: Mapping[str, Any]) -> str:
     return str(option.get("flags"))
 
 
-def drift_lines(drift: Mapping[str, Mapping[str, Any]] | None) -> tuple[str, list[Line]] | None:
-    """The drift block's title and one line per metric that moves (every one; the terminal shows the first
-    few), or None without per-step drift."""
-    if not drift:
-        return None
-    moving = [(key, entry) for key, entry in drift.items()
-              if entry.get("bad_steps") or entry.get("change_point_step") is not None
-              or _excludes_zero(entry.get("slope_interval"))]
-    if not moving:
-        return f"Drift over steps ({len(drift)} metrics)", [Line(NO_DRIFT, prose=True)]
-    lines = []
-    for key, entry in moving:
-        low, high = entry.get("slope_interval") or (None, None)
-        name = key.split("/")[-1]
-        text = f"{name}: {format_value(entry['slope'])} per step [{format_value(low)}, {format_value(high)}]"
-        if entry.get("first_out_of_band_step") is not None:
-            bad, total = len(entry.get("bad_steps") or []), entry.get("steps")
-            of = f" of {total}" if total else ""
-            # one bad step is not a run "from" it on (and "1 steps" is not English)
-            text += (f"; out of band at step {entry['first_out_of_band_step']} only (1{of} steps)" if bad == 1 else
-                     f"; out of band from step {entry['first_out_of_band_step']} ({bad}{of} steps)")
-        if entry.get("change_point_step") is not None:
-            text += f"; level shift at step {entry['change_point_step']}"
-        lines.append(Line(text, lead=name))
-    return f"Drift over steps ({len(moving)} of {len(drift)} metrics move)", lines
-
-
-def _excludes_zero(interval: Iterable[float] | None) -> bool:
-    if not interval:
-        return False
-    low, high = list(interval)[:2]
-    return low > 0 or high < 0
-
-
 def key_metrics(report: Report) -> tuple[str, list[KeyMetric]]:
     """The block's title and the key metrics not already among the health checks."""
     shown = [c["metric"] for c in report.summary.get("checks", [])]
@@ -394,5 +365,6 @@ def glossary(text: str) -> str | None:
 
 
 __all__ = ["GLOSSARY", "KEY_METRICS", "NO_BUG", "KeyMetric", "Line", "Verdict", "applied_cost", "bug_signatures",
-           "causes", "check_mark", "correction_text", "cost_text", "drift_lines", "findings_of", "glossary",
-           "inputs_text", "key_metrics", "sequence_level", "setting_warnings", "verdict", "what_to_do", "what_to_do_of"]
+           "causes", "check_mark", "correction_text", "cost_text", "findings_of", "glossary",
+           "inputs_text", "key_metrics", "ruled_out", "sequence_level", "setting_warnings", "verdict", "what_to_do",
+           "what_to_do_of"]

@@ -18,15 +18,16 @@ from mismatch_cli.render.lead import (
     bug_signatures,
     causes,
     correction_text,
-    drift_lines,
     findings_of,
     glossary,
     inputs_text,
     key_metrics,
+    ruled_out,
     setting_warnings,
     verdict,
     what_to_do_of,
 )
+from mismatch_cli.render.lead_drift import drift_lines
 from mismatch_cli.render.paths import display_path
 from mismatch_cli.render.sections import build_sections
 from mismatch_cli.report import Report
@@ -79,6 +80,9 @@ def lead_markdown(report: Report) -> list[str]:
         lines += ["## What to do", ""] + [item for line in todo for item in _item(line)] + [""]
     first_fix = diagnosis.get("fix") if diagnosis.get("kind") == "bug" else None
     lines += _findings("Dump checks (bug signatures)", bug_signatures(findings), NO_BUG, first_fix)
+    against = ruled_out(report)
+    if against:
+        lines[-1:] = [markdown_cell(against), ""]
     block = drift_lines(getattr(report, "drift", None))
     if block is not None:
         lines += [f"## {block[0]}", ""] + [item for line in block[1] for item in _item(line)] + [""]

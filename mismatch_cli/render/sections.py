@@ -195,6 +195,18 @@ def group_sections(report: Report) -> list[Section]:
     return sections
 
 
+def lag_section(report: Report) -> Section | None:
+    """The mismatch per policy lag, when the dump stamps a policy version (or lag) on its rows."""
+    entry = next((f for f in report.findings or [] if f.get("code") in ("policy_lag", "lag_ruled_out")), None)
+    if entry is None:
+        return None
+    rows = [[str(e["lag"]), format_value(e["rows"]), format_value(e["tokens"]), format_value(e["prob_abs_diff_mean"]),
+             format_value(e["prob_abs_diff_mean_se"]), format_value(e["token_mult_prob_error"]), format_value(e["kl"])]
+            for e in entry["evidence"]["lags"]]
+    return Section("Per policy lag (versions behind)", ["lag", "rows", "tokens", "mean |Δp|", "its SE",
+                                                         "token_mult_prob_error", "kl (k1)"], rows, labels={0})
+
+
 SHOWN_ROUNDS = 24  # rounds per table or plot: an agent log can hold thousands (a 0/1-alternating mask)
 ROUND_METRICS = (
     ("rows reaching", "rows"),
@@ -353,6 +365,7 @@ def build_sections(report: Report) -> list[Section]:
         rounds_from_end_section(report),
         steps_section(report),
         *group_sections(report),
+        lag_section(report),
         rounds_by_step_section(report),
         quality_section(report),
         inputs_section(report),

@@ -20,15 +20,16 @@ from mismatch_cli.render.lead import (
     bug_signatures,
     causes,
     correction_text,
-    drift_lines,
     findings_of,
     glossary,
     inputs_text,
     key_metrics,
+    ruled_out,
     setting_warnings,
     verdict,
     what_to_do_of,
 )
+from mismatch_cli.render.lead_drift import drift_lines
 from mismatch_cli.render.paths import paths_in_text
 from mismatch_cli.report import Report
 
@@ -86,7 +87,7 @@ def _health(out: Lines, report: Report) -> None:
         out.add(answer.before, indent=2, hang=4)
 
 
-def _findings(out: Lines, findings: list[Mapping[str, Any]], cause: bool) -> None:
+def _findings(out: Lines, findings: list[Mapping[str, Any]], cause: bool, against: str = "") -> None:
     chosen = causes(findings) if cause else bug_signatures(findings)
     if cause:
         if not chosen:
@@ -95,7 +96,7 @@ def _findings(out: Lines, findings: list[Mapping[str, Any]], cause: bool) -> Non
     else:
         out.heading("Dump checks (bug signatures)")
         if not chosen:
-            out.add(NO_BUG, indent=2)
+            out.add(f"{NO_BUG}; {against}" if against else NO_BUG, indent=2, hang=2)
             return
     for finding in chosen[:SHOWN_FINDINGS]:
         mark = SEVERITY_MARK.get(str(finding.get("severity")), "- ")
@@ -105,6 +106,8 @@ def _findings(out: Lines, findings: list[Mapping[str, Any]], cause: bool) -> Non
             out.add(str(finding["detail"]), indent=4, hang=0)
     if len(chosen) > SHOWN_FINDINGS:
         out.add(f"+{len(chosen) - SHOWN_FINDINGS} more in report.json (`findings`)", indent=2)
+    if against:
+        out.add(against, indent=2, hang=2)
 
 
 def _recommendation(out: Lines, report: Report) -> None:
@@ -158,7 +161,7 @@ def summary_lines(report: Report, width: int = 80, warnings: bool = True) -> lis
     _health(out, report)
     _findings(out, findings, cause=True)
     _recommendation(out, report)
-    _findings(out, findings, cause=False)
+    _findings(out, findings, cause=False, against=ruled_out(report))
     _drift(out, getattr(report, "drift", None))
     _key_metrics(out, report)
     if report.warnings and warnings:

@@ -27,6 +27,21 @@ Thresholds and why (docs/report.md, "Findings", says the same in prose):
 - collapsed_correlation: Pearson correlation of exp(old) and exp(rollout) below 0.9 (19 % of the
   variance unexplained; bf16 noise keeps it above 0.99).
 - identical_sides: every valid token bitwise equal; bitwise_equal (info): at least half of them.
+- mask_covers_prompt: at least half of the non-empty rows lead with a run of two or more valid tokens whose
+  rollout log-prob is exactly 0.0 while the old one is real (the engine reports none for a prompt token), and
+  such runs hold >= FILL_MIN_TOKENS tokens. The count is exact (engine/accumulators/evidence.py); a fill
+  finding is then left for the 0.0s outside those runs only.
+- processed_logprobs against logit_processor: a rollout side that reports the processed distribution it
+  sampled from keeps the uncapped identity E_rollout[ratio] = 1 whenever that distribution has the trainer's
+  support (a temperature, a penalty, a logit bias), and breaks it only by truncation: the uncapped mean is the
+  mass kept (top-p / top-k / min-p). So a capped mean broken below 1 is truncation when the uncapped mean is
+  also below 1; when the uncapped mean lies within 5 standard errors of 1 and 5 or more above the capped one
+  (the capped mean falls through the cap at e, on the tokens the processor pushed down and the sampler drew
+  anyway) and no temperature explains it, a reweighting processor is named. The uncapped mean speaks only
+  when its standard error separates 1 from the capped mean: a few catastrophic tokens make it too noisy, and
+  the capped test with >= PROCESSED_MIN_BELOW of ratios below 1 names the truncation as before. Renormalizing
+  after a penalty raises every token it did not push down, so most ratios sit below 1 (more than
+  PENALTY_MIN_BELOW of them).
 """
 
 from __future__ import annotations
@@ -48,6 +63,8 @@ MIN_Z = 5.0
 BULK_LOG_RATIO = 1.0  # the k3 / k1 test's mean ratio is taken over tokens with |d| below this
 MIN_PEARSON = 0.9
 PROCESSED_MIN_BELOW = 0.8  # processed log-probs: the share of tokens whose ratio is below 1
+PENALTY_MIN_BELOW = 0.5  # a reweighting processor raises most tokens: the share whose ratio is below 1
+PROMPT_MIN_ROW_SHARE = 0.5  # mask_covers_prompt: the share of non-empty rows that lead with a 0.0 run
 BITWISE_INFO_FRACTION = 0.5
 
 
@@ -82,12 +99,33 @@ def bitwise_equal(metrics: dict[str, Any], table: dict[str, Any]) -> list[Findin
                     f"{largest:.3g} nats (a 0-diff recipe expects none).")]
 
 
-def constant_fill(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
-    """One side padded with 0.0 or another constant where the other side holds real log-probs."""
+def mask_covers_prompt(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
+    """Most rows lead with rollout log-probs of exactly 0.0: the response mask covers the prompt."""
+    prefix, rows = table.get("prefix_zero_tokens") or 0, table.get("prefix_zero_rows") or 0
+    nonempty = table["tokens"] - table["pairs"]
+    if prefix < FILL_MIN_TOKENS or not nonempty or rows < PROMPT_MIN_ROW_SHARE * nonempty:
+        return []
+    fraction = prefix / table["tokens"]
+    return [Finding(
+        "mask_covers_prompt", "error",
+        f"the response mask covers the prompt: {prefix} valid tokens ({percent(fraction)}) lead {rows} of "
+        f"{nonempty} rows with a rollout log-prob of 0.0",
+        {"prefix_tokens": prefix, "prefix_fraction": fraction, "rows": rows, "nonempty_rows": nonempty,
+         "tokens_per_row": prefix / rows if rows else None},
+        f"{rows} of {nonempty} rows start with a run of valid tokens whose rollout log-prob is exactly 0.0 while the "
+        f"trainer's is real, {prefix} tokens in all ({percent(fraction)} of the valid ones): the engine reports no "
+        "log-prob for prompt tokens, so the mask trains on the prompt and every metric here counts it.",
+        fix="build the response mask over the sampled response tokens only (0 on the prompt), or cut the prompt "
+            "off the dumped streams")]
+
+
+def constant_fill(metrics: dict[str, Any], table: dict[str, Any], prompt: bool = False) -> list[Finding]:
+    """One side padded with 0.0 or another constant where the other side holds real log-probs (beyond a prompt
+    the mask covers, when `prompt`)."""
     found = []
     tokens = table["tokens"]
     for side, other in (("rollout", "old"), ("old", "rollout")):
-        fills = table[f"fill_{side}"]
+        fills = table[f"fill_{side}"] - (table.get("prefix_zero_fills") or 0 if prompt and side == "rollout" else 0)
         fraction = fills / tokens if tokens else 0.0
         if fills < FILL_MIN_TOKENS or fraction < FILL_MIN_FRACTION:
             continue
@@ -105,6 +143,20 @@ def constant_fill(metrics: dict[str, Any], table: dict[str, Any]) -> list[Findin
             fix=f"write the {side} side's real log-probs where the mask is 1 (pad only where it is 0)"
                 + (", returned by the engine for every sampled token" if side == "rollout" else "")))
     return found
+
+
+def truncated_beyond_zeros(table: dict[str, Any]) -> bool:
+    """The tokens whose rollout log-prob is not exactly 0.0 show a truncation on their own: their capped ratio mean
+    broken below 1 and >= PROCESSED_MIN_BELOW of their ratios below 1. Then the 0.0s are kept sets of one token
+    (top-k 1, min-p), not a fill, which leaves the other tokens' mean at 1."""
+    zeros = table.get("zero_tokens")
+    n = table["tokens"] - (zeros or 0)
+    if zeros is None or n < 2:
+        return False
+    excess = (table["ratio_excess"] - table["zero_excess"]) / n
+    variance = max((table["ratio_excess_sq"] - table["zero_excess_sq"]) / n - excess * excess, 0.0) * n / (n - 1)
+    below = sum(b["tokens"] for b in table["buckets"] if b["sign"] < 0) - zeros
+    return excess < 0 and ratio_mean_broken(1 + excess, math.sqrt(variance / n)) and below >= PROCESSED_MIN_BELOW * n
 
 
 def shifted_streams(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
@@ -137,6 +189,19 @@ def slope_standard_error(table: dict[str, Any]) -> float:
         return math.nan
     residual = max(syy - sxy * sxy / sxx, 0.0)
     return math.sqrt(residual / (n - 2) / sxx)
+
+
+def bulk_slope(table: dict[str, Any]) -> float:
+    """Least-squares slope of rollout on old over the tokens with |delta| < 1 (NaN when undefined)."""
+    if "tail_tokens" not in table:
+        return math.nan
+    n = table["tokens"] - table["tail_tokens"]
+    if n < 3:
+        return math.nan
+    x, y = table["x"] - table["tail_x"], table["y"] - table["tail_y"]
+    sxx = table["xx"] - table["tail_xx"] - x * x / n
+    sxy = table["xy"] - table["tail_xy"] - x * y / n
+    return sxy / sxx if sxx > 0 else math.nan
 
 
 def temperature_mismatch(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
@@ -201,33 +266,78 @@ def k3_k1_ratio(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]
 
 
 def processed_logprobs(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
-    """The rollout side renormalized over a top-p / top-k support: every ratio is the kept mass, below 1."""
+    """A capped ratio mean broken below 1: a truncated support (every ratio the kept mass, below 1), or a
+    reweighting logit processor (the uncapped mean at 1, the capped one pulled under by its right tail)."""
     mean, error = _get(metrics, "ratio_mean"), _get(metrics, "ratio_mean_se")
     below = _get(metrics, "log_ratio_neg_fraction")
     if mean is None or below is None or not mean < 1.0 or not ratio_mean_broken(mean, error):
         return []
     z = ratio_mean_z(mean, error)
+    uncapped, spread = uncapped_ratio(table)
+    evidence = {"ratio_mean": mean, "ratio_mean_standard_error": error, "z": z, "ratio_below_1_fraction": below,
+                "uncapped_ratio_mean": uncapped, "uncapped_ratio_mean_standard_error": spread}
+    # The uncapped mean speaks only when it is measured well enough to tell 1 from the capped mean.
+    if spread > 0 and (uncapped - mean) / spread >= MIN_Z and ratio_mean_z(uncapped, spread) < MIN_Z:
+        return logit_processor(evidence, table) if below > PENALTY_MIN_BELOW else []
     if below < PROCESSED_MIN_BELOW:
         return []
+    # Uncapped, a truncation's mean is the kept mass; when that mean is too noisy to sit below 1, a penalty
+    # (whose uncapped mean is 1) cannot be told from it: both are named.
+    either = not (1 - uncapped >= RATIO_MEAN_TOLERANCE and ratio_mean_z(uncapped, spread) >= MIN_Z)
+    evidence["or_penalty"] = either
     lowest = _get(metrics, "log_ratio_p001")
     kept_low = math.exp(lowest) if lowest is not None and lowest <= 0 else None
     zeros, tokens = table["zero_rollout"], table["tokens"]
-    evidence = {"ratio_mean": mean, "ratio_mean_standard_error": error, "z": z, "ratio_below_1_fraction": below,
-                "kept_mass_p001": kept_low, "rollout_exact_zero_tokens": zeros,
-                "rollout_exact_zero_fraction": zeros / tokens if tokens else None}
+    evidence.update({"kept_mass_p001": kept_low, "rollout_exact_zero_tokens": zeros,
+                     "rollout_exact_zero_fraction": zeros / tokens if tokens else None})
     floor = f", 0.1 % quantile {kept_low:.3g}" if kept_low is not None else ""
     ones = (f"; {zeros} tokens ({percent(zeros / tokens)}) have a rollout log-prob of exactly 0.0, a nucleus of "
             "one token") if zeros else ""
+    tell = (f" Uncapped it averages {uncapped:.4g} ± {spread:.2g}, too noisy to tell a truncation (below 1) from a "
+            "penalty or logit bias (at 1): token ids in the dump, or a rollout without penalties, tell them "
+            "apart.") if either else ""
     return [Finding(
         "processed_logprobs", "error",
-        f"the rollout log-probs look renormalized over a top-p / top-k nucleus (kept mass {mean:.3g})",
+        f"the rollout log-probs look renormalized over a top-p / top-k / min-p kept set (kept mass {mean:.3g})"
+        + (", or reweighted by a penalty" if either else ""),
         evidence,
         f"The token ratio averages {mean:.4g} ({z:.3g} standard errors below the 1 it must be when the rollout "
         f"side is the distribution its tokens were sampled from) and is below 1 on {percent(below)} of tokens: "
-        f"each ratio is the probability mass the truncation kept (token-mean {mean:.3g}{floor}){ones}.",
-        fix="sample training rollouts without top-p / top-k truncation, or renormalize the trainer's log-probs "
-            "over the same kept set: the engine reports its log-probs renormalized over what it kept (vLLM's "
-            "processed_logprobs), the trainer over the whole vocabulary")]
+        f"each ratio is the probability mass the truncation kept (token-mean {mean:.3g}{floor}){ones}.{tell}",
+        fix="sample training rollouts without top-p / top-k / min-p truncation"
+            + (" (and without penalties or logit bias)" if either else "")
+            + ", or renormalize the trainer's log-probs over the same kept set: the engine reports its log-probs "
+              "renormalized over what it kept (vLLM's processed_logprobs), the trainer over the whole vocabulary")]
+
+
+def uncapped_ratio(table: dict[str, Any]) -> tuple[float, float]:
+    """Token-mean of the (verl-clamped) ratio over every valid token and its standard error, from the buckets."""
+    n = sum(b["tokens"] for b in table["buckets"])
+    if n < 2:
+        return math.nan, math.nan
+    mean = sum(b["ratio_sum"] for b in table["buckets"]) / n
+    variance = max(sum(b["chi2_terms"] for b in table["buckets"]) / n - mean * mean, 0.0) * n / (n - 1)
+    return mean, math.sqrt(variance / n)
+
+
+def logit_processor(evidence: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
+    """A reweighting logit processor (penalty, logit bias): the uncapped identity holds, the capped mean does not."""
+    capped, uncapped, spread = evidence["ratio_mean"], evidence["uncapped_ratio_mean"], \
+        evidence["uncapped_ratio_mean_standard_error"]
+    tail = sum(b["tokens"] for b in table["buckets"] if b["sign"] > 0 and b["low"] >= BULK_LOG_RATIO)
+    evidence = {**evidence, "right_tail_tokens": tail}
+    return [Finding(
+        "logit_processor", "error",
+        "the rollout sampled from a reweighted distribution the trainer never applies (a repetition / presence / "
+        "frequency penalty or a logit bias)", evidence,
+        f"Capped at e the token ratio averages {capped:.4g} ({evidence['z']:.3g} standard errors below 1), yet "
+        f"uncapped it averages {uncapped:.4g} ± {spread:.2g}, the 1 it must be when the rollout side is the "
+        f"distribution its tokens were sampled from (a truncation keeps it below 1 too): {tail} tokens lie above e, "
+        f"the ones the processor pushed down and the sampler drew anyway, and "
+        f"{percent(evidence['ratio_below_1_fraction'])} lie below 1, the ones it raised.",
+        fix="sample training rollouts without repetition / presence / frequency penalties or logit bias (or apply "
+            "the same processor to the trainer's logits): the engine reports log-probs after them, the trainer "
+            "scores the raw softmax")]
 
 
 def _one_of(processed: list[Finding], tempered: list[Finding]) -> tuple[list[Finding], list[Finding]]:
@@ -262,7 +372,11 @@ def signatures(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
     found = identical_sides(metrics, table)
     if found:
         return found
-    structural = constant_fill(metrics, table) + shifted_streams(metrics, table)
+    prompt = mask_covers_prompt(metrics, table)
+    fills = [f for f in constant_fill(metrics, table, bool(prompt)) if not (
+        f.evidence["side"] == "rollout" and f.evidence["zero_tokens"] >= f.evidence["repeat_tokens"]
+        and truncated_beyond_zeros(table))]
+    structural = prompt + fills + shifted_streams(metrics, table)
     found = structural + bitwise_equal(metrics, table)
     processed = [] if structural else processed_logprobs(metrics, table)
     tempered = [] if structural else temperature_mismatch(metrics, table)

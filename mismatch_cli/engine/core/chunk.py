@@ -55,6 +55,8 @@ class Chunk:
     sequence_ids: np.ndarray | None = None  # [B] id column values, when the dump has one
     steps: np.ndarray | None = None  # [B] training step per row, when known
     process_index: np.ndarray | None = None  # [B] rank of the trainer process that held each row, when known
+    policy_versions: np.ndarray | None = None  # [B] float64 policy version (or lag) per row, NaN unknown
+    version_kind: str = ""  # "version" or "lag", with policy_versions
     layout: Layout | None = None  # where the valid tokens and rounds sit among the positions (chunk's device)
     # The raw positions (old, rollout, mask; device, input dtype) for a family that reads every masked-in
     # token whatever its value, as TRL does (a NaN rollout log-prob is a weight of 1 there, not an exclusion).
@@ -345,6 +347,8 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype, fused: bo
         sequence_ids=batch.sequence_ids,
         steps=batch.steps,
         process_index=batch.process_index,
+        policy_versions=batch.policy_versions,
+        version_kind=batch.version_kind,
         layout=layout,
         positions=positions,
         advantages=None if advantages is None else advantages.to(dtype),
