@@ -28,6 +28,7 @@ class Batch:
     `source` when the rows are not `first_row` onward (a selection of scattered rows), else None.
     `policy_versions` is each row's policy version (float64, NaN where unknown) when the dump stamps one,
     `version_kind` "version" (counts up) or "lag" (versions behind the trainer): the policy-lag evidence.
+    `token_ids` is the sampled token id per position (int64) when the dump has them: the repetition evidence.
     """
 
     old_log_probs: np.ndarray
@@ -45,6 +46,7 @@ class Batch:
     rows: np.ndarray | None = None
     policy_versions: np.ndarray | None = None
     version_kind: str = ""
+    token_ids: np.ndarray | None = None
 
     @property
     def num_rows(self) -> int:
@@ -95,6 +97,7 @@ class Batch:
             rows=None if contiguous else numbers,
             policy_versions=None if self.policy_versions is None else self.policy_versions[rows],
             version_kind=self.version_kind,
+            token_ids=None if self.token_ids is None else self.token_ids[positions],
         )
 
     def slice_rows(self, start: int, stop: int) -> Batch:
@@ -116,6 +119,7 @@ class Batch:
             rows=None if self.rows is None else self.rows[start:stop],
             policy_versions=None if self.policy_versions is None else self.policy_versions[start:stop],
             version_kind=self.version_kind,
+            token_ids=None if self.token_ids is None else self.token_ids[a:b],
         )
 
 
@@ -157,4 +161,5 @@ def concat_rows(batches: list[Batch],
         rows=None if all(b.rows is None for b in batches) else np.concatenate([b.row_numbers() for b in batches]),
         policy_versions=joined([b.policy_versions for b in batches]),
         version_kind=first.version_kind if all(b.version_kind == first.version_kind for b in batches) else "",
+        token_ids=joined([b.token_ids for b in batches]),
     )

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mismatch_cli.answers.findings.model import percent
-from mismatch_cli.answers.findings.signatures import uncapped_ratio
+from mismatch_cli.answers.findings.processors import uncapped_ratio
 
 NAMED, POSSIBLE, RULED_OUT = "named", "possible", "ruled out"
 # (cause, the finding codes that name it, its short name on the first screen)

@@ -48,6 +48,14 @@ PROCESS_COLUMN = "process_index"
 # versions a trainer stamps on its samples, first match wins (docs/formats.md, "Policy versions"). A lag column
 # says how many versions behind the sample is; a version column counts up, and a row's lag is then the newest
 # version of its step minus its own.
+# Optional sampled token ids, one list per row aligned with the log-probs, for the repetition evidence.
+TOKEN_ID_COLUMNS: tuple[str, ...] = (
+    "response_ids",
+    "responses",  # verl's DataProto key
+    "completion_ids",  # TRL
+    "token_ids",
+    "output_token_ids",
+)
 LAG_COLUMNS: tuple[str, ...] = (
     "policy_lag",
     "staleness",  # SkyRL's fully async trainer (global_step - global_step_when_scheduled)

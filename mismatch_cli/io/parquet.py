@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from ._common import check_file, missing_group, reason
-from .aliases import ADVANTAGE_ALIASES, LAG_COLUMNS, PROCESS_COLUMN, VERSION_COLUMNS, resolve_roles
+from .aliases import ADVANTAGE_ALIASES, LAG_COLUMNS, PROCESS_COLUMN, TOKEN_ID_COLUMNS, VERSION_COLUMNS, resolve_roles
 from .arrays import to_numpy
 from .options import ReadOptions
 from .remote import is_remote, open_remote, store_error
@@ -194,7 +194,9 @@ def _read_open(handle: pq.ParquetFile, path: str, options: ReadOptions,
                          f"{schema.field(process_name).type} in {path}",
                          hint=f"store {process_name} as an integer per row, or rename the column")
     version = _version_column(schema, set(names.values()) | set(groups) | {step_name})
-    extra = (step_name, id_name, advantage_name, process_name, version[0] if version else None)
+    ids = next((n for n in TOKEN_ID_COLUMNS if n in available and available.count(n) == 1 and _is_list(
+        schema.field(n).type) and pa.types.is_integer(schema.field(n).type.value_type)), None)
+    extra = (step_name, id_name, advantage_name, process_name, version[0] if version else None, ids)
     needed = list(dict.fromkeys([*names.values(), *(n for n in extra if n is not None), *groups]))
 
     metadata = handle.metadata
@@ -214,6 +216,9 @@ def _read_open(handle: pq.ParquetFile, path: str, options: ReadOptions,
                     values = _flatten(column, "version", version[0], path, first_row) if _is_list(column.type) \
                         else Column(to_numpy(column.cast(pa.float64())), None, version[0])
                     decoded = replace(decoded, policy_versions=values, version_kind=version[1])
+                if ids is not None:
+                    decoded = replace(decoded, token_ids=_flatten(record_batch.column(ids), "token id", ids, path,
+                                                                  first_row))
                 yield decoded
                 first_row += record_batch.num_rows
     except (pa.ArrowException, OSError) as exc:

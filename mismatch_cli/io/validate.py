@@ -18,6 +18,7 @@ import numpy as np
 
 from ..batch import Batch
 from ..errors import InputError
+from .extras import row_versions, token_ids_per_position
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class Decoded:
     labels: dict[str, str] = field(default_factory=dict)
     policy_versions: Column | None = None  # per row (offsets None) or per token, as read
     version_kind: str = ""  # "version" (counts up) or "lag" (versions behind), with policy_versions
+    token_ids: Column | None = None  # the sampled token ids, one list per row
 
 
 def to_batch(decoded: Decoded) -> Batch:
@@ -120,25 +122,10 @@ def to_batch(decoded: Decoded) -> Batch:
         advantages=advantages,
         process_index=process_index,
         policy_versions=None if d.policy_versions is None else row_versions(d.policy_versions, rows),
+        token_ids=None if d.token_ids is None else token_ids_per_position(d.token_ids, offsets),
         version_kind=d.version_kind if d.policy_versions is not None else "",
     )
 
-
-def row_versions(column: Column, rows: int) -> np.ndarray:
-    """float64 [rows]: each row's policy version (per token: the oldest one >= 0), NaN where unknown."""
-    values = np.asarray(column.values, dtype=np.float64)
-    if column.nulls is not None:
-        values = np.where(column.nulls, np.nan, values)
-    if column.offsets is None:
-        return values.copy()
-    values = np.where(values >= 0, values, np.inf)  # AReaL stamps -1 on prompt tokens
-    offsets = np.asarray(column.offsets, dtype=np.int64)
-    out = np.full(rows, np.inf)
-    filled = offsets[1:] > offsets[:-1]
-    if filled.any():
-        out[filled] = np.minimum.reduceat(values, offsets[:-1][filled]) if values.size else np.inf
-    out[~np.isfinite(out)] = np.nan
-    return out
 
 
 def _per_row_int64(values: PerRow, rows: int, first_row: int) -> np.ndarray:

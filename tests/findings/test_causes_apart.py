@@ -157,3 +157,34 @@ def test_without_versions_precision_and_lag_are_named_together_with_what_tells_t
         verdicts = {c["cause"]: c["verdict"] for c in report["summary"]["causes"]}
         assert verdicts["policy_lag"] == "possible" and verdicts["precision"] == "named"
         assert verdicts["temperature"] == verdicts["truncation"] == "ruled out"
+
+
+def repeats(ids: np.ndarray) -> np.ndarray:
+    """bool [rows, positions]: the token id occurred earlier in its row (a plain loop: the reference)."""
+    out = np.zeros(ids.shape, dtype=bool)
+    for r, row in enumerate(ids):
+        seen: set[int] = set()
+        for t, token in enumerate(row.tolist()):
+            out[r, t] = token in seen
+            seen.add(token)
+    return out
+
+
+@pytest.mark.parametrize(("knobs", "code", "concentrated"), [
+    ({"penalty": 1.1}, "logit_processor", True), ({"penalty": 1.5}, "logit_processor", True),
+    ({"top_k": 8, "noise": 0.1}, "processed_logprobs", False),
+    ({"min_p": 0.1, "noise": 0.1}, "processed_logprobs", False),
+])
+def test_token_ids_put_a_penalty_on_repeated_tokens(tmp_path: Path, knobs: dict, code: str,
+                                                   concentrated: bool) -> None:
+    path = tmp_path / "ids.parquet"
+    data = knob_dump(path, ids=True, **knobs)
+    report = run(path, chunk_rows=13)  # repeats are found within rows, whatever the chunking
+    assert report["summary"]["diagnosis"]["code"] == code
+    evidence = finding(report, code)["evidence"]["repetition"]
+    repeated = repeats(data["ids"])
+    up = data["old"] > data["rollout"]
+    assert evidence["repeated_fraction"] == pytest.approx(repeated.mean())
+    assert evidence["tail_tokens"] == up.sum()
+    assert evidence["tail_repeated_fraction"] == pytest.approx(repeated[up].mean())
+    assert evidence["concentrated"] == concentrated

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SEVERITIES = ("error", "warning", "info")  # most severe first
+# Thresholds the signature findings share (answers/findings/signatures.py and processors.py say why).
+FILL_MIN_TOKENS = 10  # fewer tokens can meet a pattern by chance
+MIN_Z = 5.0  # standard errors a mean must lie from its reference
+RATIO_MEAN_TOLERANCE = 0.01  # 1 % of probability mass
+BULK_LOG_RATIO = 1.0  # the bulk: tokens with |delta| below this (ratios in [1/e, e])
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,12 @@ class Finding:
         """Rebuild a finding from its JSON mapping."""
         return cls(code=data["code"], severity=data["severity"], title=data["title"],
                    evidence=dict(data.get("evidence", {})), detail=data.get("detail", ""), fix=data.get("fix", ""))
+
+
+def metric_value(metrics: dict[str, Any], key: str) -> float | None:
+    """A `diag/` key's value as a float, None when absent or not finite."""
+    value = metrics.get("diag/" + key)
+    return None if value is None or (isinstance(value, float) and not math.isfinite(value)) else float(value)
 
 
 def percent(fraction: float) -> str:

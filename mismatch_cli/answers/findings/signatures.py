@@ -31,17 +31,6 @@ Thresholds and why (docs/report.md, "Findings", says the same in prose):
   rollout log-prob is exactly 0.0 while the old one is real (the engine reports none for a prompt token), and
   such runs hold >= FILL_MIN_TOKENS tokens. The count is exact (engine/accumulators/evidence.py); a fill
   finding is then left for the 0.0s outside those runs only.
-- processed_logprobs against logit_processor: a rollout side that reports the processed distribution it
-  sampled from keeps the uncapped identity E_rollout[ratio] = 1 whenever that distribution has the trainer's
-  support (a temperature, a penalty, a logit bias), and breaks it only by truncation: the uncapped mean is the
-  mass kept (top-p / top-k / min-p). So a capped mean broken below 1 is truncation when the uncapped mean is
-  also below 1; when the uncapped mean lies within 5 standard errors of 1 and 5 or more above the capped one
-  (the capped mean falls through the cap at e, on the tokens the processor pushed down and the sampler drew
-  anyway) and no temperature explains it, a reweighting processor is named. The uncapped mean speaks only
-  when its standard error separates 1 from the capped mean: a few catastrophic tokens make it too noisy, and
-  the capped test with >= PROCESSED_MIN_BELOW of ratios below 1 names the truncation as before. Renormalizing
-  after a penalty raises every token it did not push down, so most ratios sit below 1 (more than
-  PENALTY_MIN_BELOW of them).
 """
 
 from __future__ import annotations
@@ -49,28 +38,25 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mismatch_cli.answers.findings.model import Finding, percent
-from mismatch_cli.metrics.catalog import ratio_mean_broken, ratio_mean_z
+from mismatch_cli.answers.findings.model import (
+    BULK_LOG_RATIO,
+    FILL_MIN_TOKENS,
+    MIN_Z,
+    RATIO_MEAN_TOLERANCE,
+    Finding,
+    metric_value,
+    percent,
+)
+from mismatch_cli.answers.findings.processors import processed_logprobs, truncated_beyond_zeros
 
 FILL_MIN_FRACTION = 1e-3
-FILL_MIN_TOKENS = 10
 SHIFT_MAX_RATIO = 0.5
 SHIFT_MIN_PAIRS = 10  # as FILL_MIN_TOKENS: a handful of pairs can line up by chance
 SLOPE_TOLERANCE = 0.05
 K3_K1_BAND = (0.5, 2.0)
-RATIO_MEAN_TOLERANCE = 0.01
-MIN_Z = 5.0
-BULK_LOG_RATIO = 1.0  # the k3 / k1 test's mean ratio is taken over tokens with |d| below this
 MIN_PEARSON = 0.9
-PROCESSED_MIN_BELOW = 0.8  # processed log-probs: the share of tokens whose ratio is below 1
-PENALTY_MIN_BELOW = 0.5  # a reweighting processor raises most tokens: the share whose ratio is below 1
 PROMPT_MIN_ROW_SHARE = 0.5  # mask_covers_prompt: the share of non-empty rows that lead with a 0.0 run
 BITWISE_INFO_FRACTION = 0.5
-
-
-def _get(metrics: dict[str, Any], key: str) -> float | None:
-    value = metrics.get("diag/" + key)
-    return None if value is None or (isinstance(value, float) and not math.isfinite(value)) else float(value)
 
 
 def identical_sides(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
@@ -88,10 +74,10 @@ def identical_sides(metrics: dict[str, Any], table: dict[str, Any]) -> list[Find
 
 def bitwise_equal(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
     """Most tokens bitwise equal (a deterministic-inference run): the fraction and the largest |d|, as info."""
-    fraction = _get(metrics, "bitwise_equal_fraction")
+    fraction = metric_value(metrics, "bitwise_equal_fraction")
     if fraction is None or fraction < BITWISE_INFO_FRACTION or table["bitwise_equal"] == table["tokens"]:
         return []
-    largest = _get(metrics, "logprob_abs_diff_max")
+    largest = metric_value(metrics, "logprob_abs_diff_max")
     differ = table["tokens"] - table["bitwise_equal"]
     return [Finding("bitwise_equal", "info", f"{percent(fraction)} of tokens are bitwise equal",
                     {"bitwise_equal_fraction": fraction, "differing_tokens": differ, "max_abs_log_ratio": largest},
@@ -132,8 +118,8 @@ def constant_fill(metrics: dict[str, Any], table: dict[str, Any], prompt: bool =
         zero, repeat = table[f"zero_{side}"], table[f"repeat_{side}"]
         what = "0.0" if zero >= repeat else "a repeated constant"
         evidence = {"side": side, "fill_tokens": fills, "fill_fraction": fraction, "zero_tokens": zero,
-                    "repeat_tokens": repeat, "k3_k1_ratio": _get(metrics, "k3_k1_ratio"),
-                    "prob_pearson_corr": _get(metrics, "prob_pearson_corr")}
+                    "repeat_tokens": repeat, "k3_k1_ratio": metric_value(metrics, "k3_k1_ratio"),
+                    "prob_pearson_corr": metric_value(metrics, "prob_pearson_corr")}
         found.append(Finding(
             "constant_fill", "error", f"the {side} side looks filled with {what} on {percent(fraction)} of tokens",
             evidence,
@@ -145,23 +131,9 @@ def constant_fill(metrics: dict[str, Any], table: dict[str, Any], prompt: bool =
     return found
 
 
-def truncated_beyond_zeros(table: dict[str, Any]) -> bool:
-    """The tokens whose rollout log-prob is not exactly 0.0 show a truncation on their own: their capped ratio mean
-    broken below 1 and >= PROCESSED_MIN_BELOW of their ratios below 1. Then the 0.0s are kept sets of one token
-    (top-k 1, min-p), not a fill, which leaves the other tokens' mean at 1."""
-    zeros = table.get("zero_tokens")
-    n = table["tokens"] - (zeros or 0)
-    if zeros is None or n < 2:
-        return False
-    excess = (table["ratio_excess"] - table["zero_excess"]) / n
-    variance = max((table["ratio_excess_sq"] - table["zero_excess_sq"]) / n - excess * excess, 0.0) * n / (n - 1)
-    below = sum(b["tokens"] for b in table["buckets"] if b["sign"] < 0) - zeros
-    return excess < 0 and ratio_mean_broken(1 + excess, math.sqrt(variance / n)) and below >= PROCESSED_MIN_BELOW * n
-
-
 def shifted_streams(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
     """The rollout stream matches the old one better when shifted by one token inside rows."""
-    ratio = _get(metrics, "shift_residual_ratio")
+    ratio = metric_value(metrics, "shift_residual_ratio")
     if ratio is None or ratio >= SHIFT_MAX_RATIO or table["pairs"] < SHIFT_MIN_PAIRS:
         return []
     late = table["shift_forward"] <= table["shift_backward"]
@@ -206,14 +178,14 @@ def bulk_slope(table: dict[str, Any]) -> float:
 
 def temperature_mismatch(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
     """A systematic slope of rollout against old: one side tempered (or otherwise rescaled)."""
-    slope, temperature = _get(metrics, "temperature_slope"), _get(metrics, "best_fit_temperature")
+    slope, temperature = metric_value(metrics, "temperature_slope"), metric_value(metrics, "best_fit_temperature")
     if slope is None or abs(slope - 1) <= SLOPE_TOLERANCE:
         return []
     error = slope_standard_error(table)
     z = abs(slope - 1) / error if error > 0 else math.inf
     if not z >= MIN_Z:
         return []
-    estimate = _get(metrics, "temperature_estimate")
+    estimate = metric_value(metrics, "temperature_estimate")
     fitted = f"{temperature:.3g}" if temperature is not None else "undefined"
     shown = f"{estimate:.3g}" if estimate is not None else fitted
     how = (f"from the positions where one logit dominates; the least-squares fit, pulled toward 1, gives {fitted}"
@@ -245,7 +217,7 @@ def ratio_moments(table: dict[str, Any]) -> tuple[float, float, int]:
 
 def k3_k1_ratio(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
     """k3 far from k1: the rollout side is not the normalized distribution its tokens were sampled from."""
-    ratio = _get(metrics, "k3_k1_ratio")
+    ratio = metric_value(metrics, "k3_k1_ratio")
     if ratio is None or K3_K1_BAND[0] <= ratio <= K3_K1_BAND[1]:
         return []
     mean, error, bulk = ratio_moments(table)
@@ -265,81 +237,6 @@ def k3_k1_ratio(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]
         "distribution its tokens were sampled from.")]
 
 
-def processed_logprobs(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
-    """A capped ratio mean broken below 1: a truncated support (every ratio the kept mass, below 1), or a
-    reweighting logit processor (the uncapped mean at 1, the capped one pulled under by its right tail)."""
-    mean, error = _get(metrics, "ratio_mean"), _get(metrics, "ratio_mean_se")
-    below = _get(metrics, "log_ratio_neg_fraction")
-    if mean is None or below is None or not mean < 1.0 or not ratio_mean_broken(mean, error):
-        return []
-    z = ratio_mean_z(mean, error)
-    uncapped, spread = uncapped_ratio(table)
-    evidence = {"ratio_mean": mean, "ratio_mean_standard_error": error, "z": z, "ratio_below_1_fraction": below,
-                "uncapped_ratio_mean": uncapped, "uncapped_ratio_mean_standard_error": spread}
-    # The uncapped mean speaks only when it is measured well enough to tell 1 from the capped mean.
-    if spread > 0 and (uncapped - mean) / spread >= MIN_Z and ratio_mean_z(uncapped, spread) < MIN_Z:
-        return logit_processor(evidence, table) if below > PENALTY_MIN_BELOW else []
-    if below < PROCESSED_MIN_BELOW:
-        return []
-    # Uncapped, a truncation's mean is the kept mass; when that mean is too noisy to sit below 1, a penalty
-    # (whose uncapped mean is 1) cannot be told from it: both are named.
-    either = not (1 - uncapped >= RATIO_MEAN_TOLERANCE and ratio_mean_z(uncapped, spread) >= MIN_Z)
-    evidence["or_penalty"] = either
-    lowest = _get(metrics, "log_ratio_p001")
-    kept_low = math.exp(lowest) if lowest is not None and lowest <= 0 else None
-    zeros, tokens = table["zero_rollout"], table["tokens"]
-    evidence.update({"kept_mass_p001": kept_low, "rollout_exact_zero_tokens": zeros,
-                     "rollout_exact_zero_fraction": zeros / tokens if tokens else None})
-    floor = f", 0.1 % quantile {kept_low:.3g}" if kept_low is not None else ""
-    ones = (f"; {zeros} tokens ({percent(zeros / tokens)}) have a rollout log-prob of exactly 0.0, a nucleus of "
-            "one token") if zeros else ""
-    tell = (f" Uncapped it averages {uncapped:.4g} ± {spread:.2g}, too noisy to tell a truncation (below 1) from a "
-            "penalty or logit bias (at 1): token ids in the dump, or a rollout without penalties, tell them "
-            "apart.") if either else ""
-    return [Finding(
-        "processed_logprobs", "error",
-        f"the rollout log-probs look renormalized over a top-p / top-k / min-p kept set (kept mass {mean:.3g})"
-        + (", or reweighted by a penalty" if either else ""),
-        evidence,
-        f"The token ratio averages {mean:.4g} ({z:.3g} standard errors below the 1 it must be when the rollout "
-        f"side is the distribution its tokens were sampled from) and is below 1 on {percent(below)} of tokens: "
-        f"each ratio is the probability mass the truncation kept (token-mean {mean:.3g}{floor}){ones}.{tell}",
-        fix="sample training rollouts without top-p / top-k / min-p truncation"
-            + (" (and without penalties or logit bias)" if either else "")
-            + ", or renormalize the trainer's log-probs over the same kept set: the engine reports its log-probs "
-              "renormalized over what it kept (vLLM's processed_logprobs), the trainer over the whole vocabulary")]
-
-
-def uncapped_ratio(table: dict[str, Any]) -> tuple[float, float]:
-    """Token-mean of the (verl-clamped) ratio over every valid token and its standard error, from the buckets."""
-    n = sum(b["tokens"] for b in table["buckets"])
-    if n < 2:
-        return math.nan, math.nan
-    mean = sum(b["ratio_sum"] for b in table["buckets"]) / n
-    variance = max(sum(b["chi2_terms"] for b in table["buckets"]) / n - mean * mean, 0.0) * n / (n - 1)
-    return mean, math.sqrt(variance / n)
-
-
-def logit_processor(evidence: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
-    """A reweighting logit processor (penalty, logit bias): the uncapped identity holds, the capped mean does not."""
-    capped, uncapped, spread = evidence["ratio_mean"], evidence["uncapped_ratio_mean"], \
-        evidence["uncapped_ratio_mean_standard_error"]
-    tail = sum(b["tokens"] for b in table["buckets"] if b["sign"] > 0 and b["low"] >= BULK_LOG_RATIO)
-    evidence = {**evidence, "right_tail_tokens": tail}
-    return [Finding(
-        "logit_processor", "error",
-        "the rollout sampled from a reweighted distribution the trainer never applies (a repetition / presence / "
-        "frequency penalty or a logit bias)", evidence,
-        f"Capped at e the token ratio averages {capped:.4g} ({evidence['z']:.3g} standard errors below 1), yet "
-        f"uncapped it averages {uncapped:.4g} ± {spread:.2g}, the 1 it must be when the rollout side is the "
-        f"distribution its tokens were sampled from (a truncation keeps it below 1 too): {tail} tokens lie above e, "
-        f"the ones the processor pushed down and the sampler drew anyway, and "
-        f"{percent(evidence['ratio_below_1_fraction'])} lie below 1, the ones it raised.",
-        fix="sample training rollouts without repetition / presence / frequency penalties or logit bias (or apply "
-            "the same processor to the trainer's logits): the engine reports log-probs after them, the trainer "
-            "scores the raw softmax")]
-
-
 def _one_of(processed: list[Finding], tempered: list[Finding]) -> tuple[list[Finding], list[Finding]]:
     """Which of two findings that both break the ratio mean explains the dump: a temperature or processed log-probs.
 
@@ -355,7 +252,7 @@ def _one_of(processed: list[Finding], tempered: list[Finding]) -> tuple[list[Fin
 
 def collapsed_correlation(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
     """The probabilities of the two sides barely correlate."""
-    pearson = _get(metrics, "prob_pearson_corr")
+    pearson = metric_value(metrics, "prob_pearson_corr")
     if pearson is None or pearson >= MIN_PEARSON:
         return []
     return [Finding(

@@ -14,6 +14,10 @@ old * rollout, so the findings can take the least-squares slope of rollout on ol
 dump's moments minus these): a temperature rescales every token, a penalty or logit bias leaves the bulk on a
 slope of 1 and moves a tail. The tail is rare on any usable dump, so on the host it is gathered first.
 
+Repetition, when the dump holds the sampled token ids: per token, whether its id occurred earlier in its row's
+valid tokens, and how many of the tokens with delta > 0 (the trainer rates them above the engine) are such
+repeats. A repetition penalty pushes exactly those tokens down in the engine and not in the trainer.
+
 Policy lag: when the dump stamps a policy version (or a lag) on each row (io.aliases.VERSION_COLUMNS), the
 float64 sums of the valid tokens per (step, version): tokens, rows, |p_old - p_rollout| and its square,
 exp|delta| and delta. A few keys per distinct version, never per token; `compute` lists them and the findings
@@ -66,6 +70,8 @@ class EvidenceAccumulator(Accumulator):
         self._prefixes(chunk)
         self._tail(chunk)
         self._zeros(chunk)
+        if chunk.token_ids is not None:
+            self._repeats(chunk)
         if chunk.policy_versions is not None and chunk.version_kind:
             self._lags(chunk)
 
@@ -112,6 +118,21 @@ class EvidenceAccumulator(Accumulator):
         for name, value in zip(ZERO_SUMS, (zero, excess, excess * excess), strict=True):
             s.add(name, value)
 
+    def _repeats(self, chunk: Chunk) -> None:
+        ids = np.asarray(chunk.token_ids)
+        lengths = chunk.lengths.cpu().numpy()
+        row = np.repeat(np.arange(len(lengths)), lengths)
+        order = np.lexsort((np.arange(ids.size), ids, row))  # by row, then id, then position
+        same = (row[order][1:] == row[order][:-1]) & (ids[order][1:] == ids[order][:-1])
+        repeated = np.zeros(ids.size, dtype=bool)
+        repeated[order[1:][same]] = True  # every occurrence after a row's first
+        up = chunk.log_ratio.cpu().numpy() > 0
+        s = self.state
+        s.add("id_tokens", float(ids.size))
+        s.add("repeated_tokens", float(np.count_nonzero(repeated)))
+        s.add("id_tail_tokens", float(np.count_nonzero(up)))
+        s.add("repeated_tail_tokens", float(np.count_nonzero(up & repeated)))
+
     def _lags(self, chunk: Chunk) -> None:
         gap = (torch.exp(chunk.old) - torch.exp(chunk.rollout)).abs_()
         sums = torch.stack([chunk.row_tokens, chunk.row_valid.to(F64), chunk.row_sum(gap), chunk.row_sum(gap * gap),
@@ -141,7 +162,8 @@ class EvidenceAccumulator(Accumulator):
         """The prefix counts and the per-(step, version) sums, for the findings' table."""
         table: dict[str, Any] = {name: int(self.state.get(name)) for name in
                                  ("prefix_zero_tokens", "prefix_zero_rows", "prefix_zero_fills", "tail_tokens",
-                                  "zero_tokens")}
+                                  "zero_tokens", "id_tokens", "repeated_tokens", "id_tail_tokens",
+                                  "repeated_tail_tokens")}
         table.update({name: self.state.get(name) for name in (*TAIL_SUMS[1:], *ZERO_SUMS[1:])})
         table["policy_versions"] = [{"step": step, "version": version,
                                      **{name: float(v) for name, v in zip(LAG_SUMS, sums, strict=True)}}

@@ -57,6 +57,7 @@ class Chunk:
     process_index: np.ndarray | None = None  # [B] rank of the trainer process that held each row, when known
     policy_versions: np.ndarray | None = None  # [B] float64 policy version (or lag) per row, NaN unknown
     version_kind: str = ""  # "version" or "lag", with policy_versions
+    token_ids: np.ndarray | None = None  # [N_valid] int64 sampled token ids (host), when the dump has them
     layout: Layout | None = None  # where the valid tokens and rounds sit among the positions (chunk's device)
     # The raw positions (old, rollout, mask; device, input dtype) for a family that reads every masked-in
     # token whatever its value, as TRL does (a NaN rollout log-prob is a weight of 1 there, not an exclusion).
@@ -325,6 +326,7 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype, fused: bo
     positions = (old, rollout, mask)
     offsets = _tensor(batch.offsets.astype(np.int64, copy=False), device)
     advantages = position_advantages = None
+    token_ids = batch.token_ids
     if batch.advantages is not None:
         position_advantages = _tensor(batch.advantages, device)
         advantages = position_advantages
@@ -332,9 +334,13 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype, fused: bo
     lengths, layout, quality, compacted = lay_out(batch, positions, offsets, one_pass)
     if compacted is not None:
         old, rollout = compacted
+        index = layout.valid_positions
+        if advantages is not None or batch.token_ids is not None:
+            index = flag_indices(layout.keep, old.numel()) if index is None else index
         if advantages is not None:
-            index = layout.valid_positions
-            advantages = take(advantages, flag_indices(layout.keep, old.numel()) if index is None else index)
+            advantages = take(advantages, index)
+        if batch.token_ids is not None:
+            token_ids = batch.token_ids[index.cpu().numpy()]
     return Chunk(
         old=old.to(dtype),
         rollout=rollout.to(dtype),
@@ -349,6 +355,7 @@ def make_chunk(batch: Batch, device: torch.device, dtype: torch.dtype, fused: bo
         process_index=batch.process_index,
         policy_versions=batch.policy_versions,
         version_kind=batch.version_kind,
+        token_ids=token_ids,
         layout=layout,
         positions=positions,
         advantages=None if advantages is None else advantages.to(dtype),
