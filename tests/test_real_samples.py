@@ -19,7 +19,7 @@ from mismatch_cli.correction import CorrectionConfig
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "sample_data" / "real"
 BUGS = {"processed_logprobs", "temperature_mismatch", "constant_fill", "shifted_streams", "identical_sides"}
-PRECISION_ARMS = ("fp32", "bf16", "fp16", "fp8")
+PRECISION_ARMS = ("fp32", "bf16", "fp16", "fp8", "fp32_b")
 
 
 def columns(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -46,7 +46,7 @@ def reports() -> dict[str, dict]:
     return {path.stem: run(path) for path in sorted(REAL.glob("*.parquet"))}
 
 
-@pytest.mark.parametrize("arm", [*PRECISION_ARMS, "multi_turn", "temperature_bug", "top_p_bug"])
+@pytest.mark.parametrize("arm", sorted(p.stem for p in REAL.glob("*.parquet")))
 def test_the_agreement_metrics_are_numpys(reports: dict[str, dict], arm: str) -> None:
     old, rollout, _ = columns(REAL / f"{arm}.parquet")
     d = old - rollout
@@ -74,8 +74,9 @@ def test_a_precision_arm_is_judged_by_the_sourced_bands(reports: dict[str, dict]
     assert (kind != "precision") == bool(in_band)
 
 
-def test_the_fp32_control_is_healthy_and_silent(reports: dict[str, dict]) -> None:
-    report = reports["fp32"]
+@pytest.mark.parametrize("arm", ["fp32", "fp32_b"])
+def test_the_fp32_control_is_healthy_and_silent(reports: dict[str, dict], arm: str) -> None:
+    report = reports[arm]
     assert report["summary"]["status"] == "healthy" and report["summary"]["diagnosis"]["kind"] == "healthy"
     assert report["findings"] == []
     assert report["recommendation"]["scenario"] is None
@@ -196,3 +197,74 @@ def test_a_temperature_and_a_truncation_are_told_apart(tmp_path: Path, temperatu
         want = 1 / np.quantile(share, 0.999 if temperature < 1 else 0.001)
         assert report["metrics"]["diag/temperature_estimate"] == pytest.approx(want, rel=0.01)
         assert report["metrics"]["diag/temperature_estimate"] == pytest.approx(temperature, rel=0.05)
+
+
+# ---------------------------------------------------------------- issue 37: causes the first arms did not show
+
+
+def column(path: Path, name: str) -> list:
+    return pq.read_table(path, columns=[name]).column(name).to_pylist()
+
+
+@pytest.mark.parametrize(("arm", "code"), [("min_p", "processed_logprobs"), ("top_k", "processed_logprobs"),
+                                           ("repetition_penalty", "logit_processor"),
+                                           ("temperature_high", "temperature_mismatch"),
+                                           ("shifted", "shifted_streams"), ("mask_prompt", "mask_covers_prompt")])
+def test_each_new_bug_arm_names_its_cause_first(reports: dict[str, dict], arm: str, code: str) -> None:
+    report = reports[arm]
+    assert report["summary"]["status"] == "bug" and report["summary"]["diagnosis"]["code"] == code
+    assert report["recommendation"]["fix"]["code"] == code and report["recommendation"]["scenario"] is None
+    assert not codes(report) & (BUGS | {"logit_processor", "mask_covers_prompt"}) - {code}
+
+
+def test_a_repetition_penalty_keeps_the_uncapped_identity_and_sits_on_repeats(reports: dict[str, dict]) -> None:
+    path = REAL / "repetition_penalty.parquet"
+    old, rollout, masks = columns(path)
+    d = old - rollout
+    evidence = next(f for f in reports["repetition_penalty"]["findings"] if f["code"] == "logit_processor")["evidence"]
+    ratio = np.exp(np.clip(d, -20, 20))
+    assert evidence["uncapped_ratio_mean"] == pytest.approx(ratio.mean(), rel=1e-6)
+    assert abs(ratio.mean() - 1) < 5 * ratio.std(ddof=1) / np.sqrt(d.size)  # the engine reports what it sampled
+    assert np.exp(np.minimum(d, 1)).mean() < 0.99  # only the cap at e pulls it under
+    ids = [np.asarray(i)[np.asarray(m, bool)] for i, m in zip(column(path, "response_ids"), masks, strict=True)]
+    repeated = np.concatenate([[token in set(row[:t].tolist()) for t, token in enumerate(row.tolist())]
+                               for row in ids])
+    assert evidence["repetition"]["repeated_fraction"] == pytest.approx(repeated.mean())
+    assert evidence["repetition"]["tail_repeated_fraction"] == pytest.approx(repeated[d > 0].mean())
+    fix = reports["repetition_penalty"]["recommendation"]["fix"]["text"]
+    assert "penalt" in fix and "top_p" not in fix
+
+
+def test_the_prompt_in_the_mask_is_counted_exactly(reports: dict[str, dict]) -> None:
+    _, _, masks = columns(REAL / "mask_prompt.parquet")
+    rollouts = column(REAL / "mask_prompt.parquet", "rollout_log_probs")
+    lead = sum(int(np.argmax(np.asarray(r)[np.asarray(m, bool)] != 0)) for r, m in zip(rollouts, masks, strict=True))
+    evidence = next(f for f in reports["mask_prompt"]["findings"] if f["code"] == "mask_covers_prompt")["evidence"]
+    assert evidence["prefix_tokens"] == lead and evidence["rows"] == len(masks)
+    assert "response mask" in reports["mask_prompt"]["recommendation"]["fix"]["text"]
+
+
+def test_stale_weights_without_versions_name_precision_and_lag_with_what_tells_them_apart(
+        reports: dict[str, dict]) -> None:
+    report = reports["stale_weights"]
+    assert report["summary"]["diagnosis"]["kind"] == "precision"
+    assert "policy lag" in report["summary"]["diagnosis"]["title"]
+    fixes = report["recommendation"]["fixes"]
+    assert [f["code"] for f in fixes] == ["precision_gap", "lag_or_precision"] and "weight sync" in fixes[1]["text"]
+    assert {c["cause"]: c["verdict"] for c in report["summary"]["causes"]}["policy_lag"] == "possible"
+
+
+def test_policy_versions_put_the_gap_on_the_lag(reports: dict[str, dict]) -> None:
+    path = REAL / "policy_lag.parquet"
+    old, rollout, masks = columns(path)
+    version, step = np.asarray(column(path, "policy_version")), np.asarray(column(path, "step"))
+    newest = {s: version[step == s].max() for s in set(step.tolist())}
+    lag = np.array([newest[s] - v for s, v in zip(step.tolist(), version.tolist(), strict=True)])
+    per_token = np.repeat(lag, [int(m.sum()) for m in masks])
+    gap = np.abs(np.exp(old) - np.exp(rollout))
+    report = reports["policy_lag"]
+    assert report["summary"]["diagnosis"]["code"] == "policy_lag"
+    lags = next(f for f in report["findings"] if f["code"] == "policy_lag")["evidence"]["lags"]
+    for entry in lags:
+        assert entry["prob_abs_diff_mean"] == pytest.approx(gap[per_token == entry["lag"]].mean(), rel=1e-5, abs=1e-9)
+    assert lags[0]["lag"] == 0 and lags[0]["prob_abs_diff_mean"] < 1e-5 < lags[-1]["prob_abs_diff_mean"]
