@@ -215,6 +215,11 @@ def test_each_new_bug_arm_names_its_cause_first(reports: dict[str, dict], arm: s
     assert report["summary"]["status"] == "bug" and report["summary"]["diagnosis"]["code"] == code
     assert report["recommendation"]["fix"]["code"] == code and report["recommendation"]["scenario"] is None
     assert not codes(report) & (BUGS | {"logit_processor", "mask_covers_prompt"}) - {code}
+    # Every other cause is ruled out with its number, or, after a structural bug, not judged.
+    verdicts = [c["verdict"] for c in report["summary"]["causes"]]
+    assert verdicts.count("named") == 1
+    other = "not judged" if code in ("shifted_streams", "mask_covers_prompt") else "ruled out"
+    assert set(verdicts) == {"named", other}
 
 
 def test_a_repetition_penalty_keeps_the_uncapped_identity_and_sits_on_repeats(reports: dict[str, dict]) -> None:

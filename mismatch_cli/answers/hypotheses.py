@@ -2,7 +2,9 @@
 it out, with the one number that says so (pure Python over the findings, the metrics and the signature table).
 
 The findings decide (answers/findings/); this module only says, for every cause they did not name, the
-measurement that speaks against it, so a reader sees why the named cause and not another. A policy lag without a
+measurement that speaks against it, so a reader sees why the named cause and not another. After a structural
+bug (identical sides, a mask over the prompt, a fill, a shift) every number measures that bug, so the other
+causes are "not judged". A policy lag without a
 policy version in the dump is "possible" beside a precision gap: the two look alike in log-probs.
 """
 
@@ -14,8 +16,11 @@ from typing import Any
 
 from mismatch_cli.answers.findings.model import percent
 from mismatch_cli.answers.findings.processors import uncapped_ratio
+from mismatch_cli.answers.findings.signatures import SLOPE_TOLERANCE
 
-NAMED, POSSIBLE, RULED_OUT = "named", "possible", "ruled out"
+NAMED, POSSIBLE, RULED_OUT, NOT_JUDGED = "named", "possible", "ruled out", "not judged"
+# A structural bug makes every other number measure it: the causes after it are not judged.
+STRUCTURAL = ("identical_sides", "mask_covers_prompt", "constant_fill", "shifted_streams")
 # (cause, the finding codes that name it, its short name on the first screen)
 CAUSES = (
     ("identical_sides", ("identical_sides",), "identical sides"),
@@ -47,7 +52,8 @@ def _against(cause: str, metrics: Mapping[str, Any], table: Mapping[str, Any], c
         fills = table.get("fill_rollout", 0) + table.get("fill_old", 0)
         return f"{fills} tokens hold a 0.0 or a repeated value on one side only", f"{fills} tokens"
     if cause == "shifted_streams":
-        ratio = _number(metrics.get("diag/shift_residual_ratio"))
+        value = metrics.get("diag/shift_residual_ratio")
+        ratio = ">1000" if isinstance(value, (int, float)) and value > 1000 else _number(value)
         return f"shifting the rollout by one token leaves {ratio} times the aligned residual", f"{ratio}x"
     if cause == "truncation":
         mean, error = uncapped_ratio(dict(table)) if table.get("buckets") else (math.nan, math.nan)
@@ -60,6 +66,13 @@ def _against(cause: str, metrics: Mapping[str, Any], table: Mapping[str, Any], c
         return f"the ratio mean capped at e is {capped}: no tail a penalty pushes through the cap", \
             f"capped mean {capped}"
     slope = _number(metrics.get("diag/temperature_slope"))
+    processor = next((name for code, name in (("processed_logprobs", "truncation"), ("logit_processor", "penalty"))
+                      if code in codes), None)
+    value = metrics.get("diag/temperature_slope")
+    bent = isinstance(value, (int, float)) and abs(value - 1) > SLOPE_TOLERANCE
+    if processor is not None and bent:  # a truncation or a penalty bends the slope too (findings/signatures.py)
+        return f"the slope of rollout on old log-probs is {slope}, as the {processor} bends it", \
+            f"slope {slope}, the {processor}'s"
     return f"the slope of rollout on old log-probs is {slope}", f"slope {slope}"
 
 
@@ -72,12 +85,17 @@ def hypotheses(findings: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any]
     by_code = {f.get("code"): f for f in findings}
     codes = set(by_code)
     kind = diagnosis.get("kind")
+    structural = next((c for c in STRUCTURAL if c in codes), None)
     out = []
     for cause, named_by, short in CAUSES:
         found = next((by_code[c] for c in named_by if c in by_code), None)
         if found is not None:
             title = str(found.get("title", ""))
             out.append({"cause": cause, "name": short, "verdict": NAMED, "evidence": title, "short": title})
+            continue
+        if structural is not None:
+            said = f"the numbers measure the {structural.replace('_', ' ')} first"
+            out.append({"cause": cause, "name": short, "verdict": NOT_JUDGED, "evidence": said, "short": said})
             continue
         if cause == "policy_lag":
             flat = by_code.get("lag_ruled_out")
@@ -107,4 +125,4 @@ def ruled_out_text(causes: Sequence[Mapping[str, Any]]) -> str:
     return "ruled out: " + ", ".join(parts) if parts else ""
 
 
-__all__ = ["CAUSES", "NAMED", "POSSIBLE", "RULED_OUT", "hypotheses", "ruled_out_text"]
+__all__ = ["CAUSES", "NAMED", "NOT_JUDGED", "POSSIBLE", "RULED_OUT", "hypotheses", "ruled_out_text"]

@@ -188,3 +188,17 @@ def test_token_ids_put_a_penalty_on_repeated_tokens(tmp_path: Path, knobs: dict,
     assert evidence["tail_tokens"] == up.sum()
     assert evidence["tail_repeated_fraction"] == pytest.approx(repeated[up].mean())
     assert evidence["concentrated"] == concentrated
+
+
+def test_the_page_and_markdown_say_what_the_screen_says(tmp_path: Path) -> None:
+    from mismatch_cli.render.html_lead import render_lead
+    from mismatch_cli.render.markdown import render_markdown
+    from mismatch_cli.render.summary import summary_lines
+
+    path = tmp_path / "topk.parquet"
+    knob_dump(path, top_k=8)
+    report = analyze([str(path)], CorrectionConfig(), bootstrap=0)
+    screen = " ".join(" ".join(text.split()) for text, _ in summary_lines(report))
+    against = "ruled out: identical sides (0 % equal)"
+    assert against in screen and "penalty (uncapped mean < 1)" in screen
+    assert against in render_lead(report) and against in render_markdown(report)
