@@ -178,6 +178,8 @@ def write_dump(
     uid: Any = None,
     advantages: Any = None,
     process_index: int | None = None,
+    policy_version: Any = None,
+    token_ids: Any = None,
     dtype: str = "float32",
 ) -> Path:
     """Write one batch of `[B, T]` trainer / rollout log-probs and mask as a wide parquet dump; returns its path.
@@ -188,7 +190,9 @@ def write_dump(
     a call for an existing step replaces its file) or a `.parquet` file. `groups` adds per-row label
     columns for `--by NAME`, `uid` per-row sequence ids, `advantages` a per-token `[B, T]` or per-row `[B]`
     advantage (prime-rl's replay masks on its sign), `process_index` the rank of the process writing the
-    rows (TRL's replay averages per process first). Log-probs are stored as `dtype` (float32 or
+    rows (TRL's replay averages per process first), `policy_version` the policy version each row was sampled
+    with (`[B]` or one integer; the policy-lag evidence), `token_ids` the sampled ids `[B, T]` (the repetition
+    evidence). Log-probs are stored as `dtype` (float32 or
     float64), the mask as int8, each row at its full padded length (the padding is masked out).
     """
     import pyarrow as pa
@@ -228,6 +232,20 @@ def write_dump(
             raise UsageError(f"write_dump: process_index must be an integer >= 0 (below 2^63), got {process_index!r}",
                              hint="pass process_index=self.accelerator.process_index (or leave it out)")
         columns["process_index"] = pa.array(np.full(rows, int(process_index), dtype=np.int64))
+    if policy_version is not None:
+        versions = as_array(policy_version, "policy_version")
+        if versions.dtype.kind not in "iu" or versions.shape not in ((), (rows,)):
+            raise UsageError(f"write_dump: policy_version must be one integer or one per row ({rows}), got "
+                             f"{versions.dtype} {tuple(versions.shape)}",
+                             hint="pass the weight version each row was sampled with, e.g. [3, 3, 2, ...]")
+        versions = np.broadcast_to(versions, (rows,))
+        columns["policy_version"] = pa.array(versions.astype(np.int64))
+    if token_ids is not None:
+        ids = as_array(token_ids, "token_ids")
+        if ids.shape != (rows, width) or ids.dtype.kind not in "iu":
+            raise UsageError(f"write_dump: token_ids must be integers shaped like the log-probs {(rows, width)}, "
+                             f"got {ids.dtype} {tuple(ids.shape)}", hint="pass the sampled response ids [B, T]")
+        columns["response_ids"] = column(ids, pa.int64(), np.int64)
     if advantages is not None:
         columns["advantages"] = _advantages(as_array(advantages, "advantages"), rows, width, column, float_type, dtype)
     if groups is not None and not isinstance(groups, Mapping):

@@ -261,3 +261,23 @@ def test_ms_swift_micro_batches_one_file_each_replay_as_ms_swift_logs(tmp_path: 
                                   hash_inputs=False)
     for key, value in case["fp64"]["metrics"].items():
         assert report.metrics[key] == pytest.approx(float(value), rel=1e-9, abs=1e-12), key
+
+
+def test_policy_versions_and_token_ids_travel_with_the_dump(tmp_path) -> None:
+    from mismatch_cli.api import analyze as run_analyze
+    from mismatch_cli.correction import CorrectionConfig
+
+    rng = np.random.default_rng(5)
+    old = -rng.exponential(1.0, (8, 12)).astype(np.float32)
+    ids = rng.integers(0, 50, (8, 12))
+    path = mismatch_cli.write_dump(tmp_path / "d.parquet", old_log_probs=old, rollout_log_probs=old + 0.01,
+                      response_mask=np.ones((8, 12), np.int8), policy_version=np.arange(8) % 2, token_ids=ids)
+    table = pq.read_table(path)
+    assert table.column("policy_version").to_pylist() == (np.arange(8) % 2).tolist()
+    assert table.column("response_ids").to_pylist() == ids.tolist()
+    report = run_analyze([str(path)], CorrectionConfig(), bootstrap=0).to_dict()
+    assert report["metrics"]["diag/valid_tokens"] == 96
+    with pytest.raises(UsageError, match="policy_version"):
+        mismatch_cli.write_dump(tmp_path / "e.parquet", old_log_probs=old, rollout_log_probs=old,
+                                response_mask=np.ones((8, 12)),
+                   policy_version=[1, 2])

@@ -14,6 +14,7 @@ before anything is loaded. torch is imported inside the reader, never when `mism
 from __future__ import annotations
 
 import errno
+import math
 import os
 import warnings
 import zipfile
@@ -262,6 +263,29 @@ def _row_name(rows: list[dict[str, Any]], j: int, first_row: int) -> str:
     return f"row {first_row + j}" + (f" (rollout_position {position})" if position is not None else "")
 
 
+def _version_number(value: Any) -> float:
+    """One SGLang weight version (an int, or its decimal string) as a float; NaN when it is not a number."""
+    value = _scalar(value)
+    try:
+        return float(int(str(value).strip()))
+    except ValueError:
+        return math.nan
+
+
+def _weight_versions(rows: list[dict[str, Any]]) -> Column | None:
+    """Each sample's oldest weight version (Miles forwards `weight_versions`, one per turn, into the train data),
+    or None when no sample carries one."""
+    if not any("weight_versions" in row or "oldest_weight_version" in row for row in rows):
+        return None
+    oldest = []
+    for row in rows:
+        value = row.get("oldest_weight_version", row.get("weight_versions"))
+        values = [_version_number(v) for v in value] if isinstance(value, (list, tuple)) else [_version_number(value)]
+        known = [v for v in values if not math.isnan(v)]
+        oldest.append(min(known) if known else math.nan)
+    return Column(np.array(oldest, dtype=np.float64), None, "weight_versions")
+
+
 def _decode(
     rows: list[dict[str, Any]],
     names: dict[str, str],
@@ -323,12 +347,15 @@ def _decode(
         labels = np.empty(count, dtype=object)
         labels[:] = [_scalar(row.get(column, meta.get(column))) for row in rows]
         groups[column] = PerRow(labels, f"{path} key {column!r}")
+    versions = _weight_versions(rows)
     return Decoded(
         source=path,
         first_row=first_row,
         old_log_probs=roles["old_log_probs"],
         rollout_log_probs=roles["rollout_log_probs"],
         response_mask=roles.get("response_mask"),
+        policy_versions=versions,
+        version_kind="version" if versions is not None else "",
         noun="key",
         steps=PerRow(step, path, "step (rollout_id)") if isinstance(step, int) else None,
         sequence_ids=np.array([_scalar(row.get(id_key)) for row in rows]) if id_key else None,

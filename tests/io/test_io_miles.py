@@ -83,3 +83,17 @@ def test_a_dump_details_folder_reads_its_train_data(tmp_path) -> None:
     found = discover_inputs([str(tmp_path)])
     assert [os.path.relpath(f.path, tmp_path) for f in found] == [os.path.join("train_data", "3_0.pt")]
     assert sum(b.num_rows for b in iter_batches(found, ReadOptions())) == 4
+
+
+def test_miless_weight_versions_give_each_sample_its_oldest(tmp_path) -> None:
+    # Miles forwards Sample.weight_versions (SGLang's version strings, one per turn) into the train data
+    # (miles/ray/rollout/train_data_conversion.py:128 at 31f1ca96); a sample's oldest one is its policy version.
+    payload = _payload()
+    count = len(payload["rollout_data"]["response_lengths"])
+    versions = [[str(3 - i % 3), "3"] if i % 2 else [str(3 - i % 3)] for i in range(count)]
+    payload["rollout_data"]["weight_versions"] = versions
+    path = tmp_path / "3_0.pt"
+    torch.save(payload, path)
+    batch = next(iter(read_slime(str(path), ReadOptions(chunk_rows=count))))
+    assert batch.version_kind == "version"
+    assert batch.policy_versions.tolist() == [float(min(int(v) for v in row)) for row in versions]
