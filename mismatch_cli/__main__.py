@@ -1,5 +1,5 @@
 """`python -m mismatch_cli` runs the CLI."""
 
-from mismatch_cli.cli import main
+from mismatch_cli.cli import entry
 
-main()
+entry()

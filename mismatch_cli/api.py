@@ -18,9 +18,11 @@ from mismatch_cli.answers.recommend import recommend
 from mismatch_cli.correction import CorrectionConfig, ResolvedCorrection, resolve, trainer_warnings
 from mismatch_cli.engine.core.breakdown import MISSING_LABEL
 from mismatch_cli.errors import UsageError
-from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, discovery_warnings, iter_batches
+from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, discovery_warnings, iter_item_batches
+from mismatch_cli.io.discover import fingerprint_file
 from mismatch_cli.io.parallel import BackgroundHashes
 from mismatch_cli.io.remote import is_remote
+from mismatch_cli.processes import resolve_jobs
 from mismatch_cli.report import TOOL_NAME, InputSummary, Report
 from mismatch_cli.system.numbers import parse_integer
 from mismatch_cli.version import __version__
@@ -30,6 +32,9 @@ from mismatch_cli.version import __version__
 # ~0.5 GB). 95 % percentile intervals gain nothing beyond a few thousand replicates.
 MAX_BOOTSTRAP = 10_000
 BOOTSTRAP_HINT = f"use 200 (the default), up to {MAX_BOOTSTRAP}, or 0 to turn the intervals off"
+
+
+FULL_HASH_BYTES = 256 << 20  # inputs up to this size are hashed in full by default (report.inputs[].sha256)
 
 
 def check_bootstrap(value: Any, name: str = "--bootstrap") -> int:
@@ -60,17 +65,21 @@ def analyze(
     dtype: str = "float32",
     by_step: bool = False,
     group_by: Sequence[str] = (),
-    hash_inputs: bool = True,
+    hash_inputs: bool | None = None,
     rounds: bool = True,
     bootstrap: int = 200,
     read_workers: int = 2,
     engine: str = "local",
     ray_address: str | None = None,
     on_batch: Callable[[Any], None] | None = None,
+    jobs: int | None = None,
 ) -> Report:
     """Read dumps, run verl's rollout correction over them as one batch, and build the report.
 
-    `on_batch`, when given, sees every Batch as it is read (e.g. to drive a progress bar).
+    `on_batch`, when given, sees every Batch as it is read (e.g. to drive a progress bar). `jobs` worker
+    processes analyze a CPU run's work items (None: the usable cores on a large input, else 1); every number is
+    the same whatever `jobs` is. `hash_inputs`: the SHA-256 of every local input (None: when they hold at most
+    FULL_HASH_BYTES together; every local input always gets its cheap fingerprint).
     """
     correction = correction or CorrectionConfig()
     if not isinstance(correction, CorrectionConfig):
@@ -93,6 +102,8 @@ def analyze(
     # Hash in the background: hashlib releases the GIL, so this overlaps with decoding. Objects in an object
     # store are not hashed (that would download each one a second time); their sha256 stays null.
     local = [f.path for f in files if not is_remote(f.path)]
+    if hash_inputs is None:  # in full up to FULL_HASH_BYTES; past it the fingerprint, off the critical path
+        hash_inputs = sum(f.bytes for f in files if not is_remote(f.path)) <= FULL_HASH_BYTES
     hashes = BackgroundHashes(local) if hash_inputs else None
     names = tuple(f.path for f in files)
     try:
@@ -106,16 +117,8 @@ def analyze(
             result = run_on_ray(files, read_options, resolved, dtype=dtype, by_step=by_step, rounds=rounds,
                                 group_by=group_by, bootstrap=bootstrap, address=ray_address, source_names=names)
         elif engine == "local":
-            # closing(): an error in the engine stops the read-ahead threads now, not when the iterator is collected.
-            with closing(iter_batches(files, read_options, workers=read_workers)) as batches:
-                # torch is imported only when analysis really runs, while the read-ahead threads read the first batches
-                from mismatch_cli.engine.kernels.sweep import worth_it
-                from mismatch_cli.engine.runner import run
-
-                observed = _observed(batches, on_batch) if on_batch is not None else batches
-                result = run(observed, resolved, device=device, dtype=dtype, by_step=by_step, source_names=names,
-                             rounds=rounds, group_by=group_by, bootstrap=bootstrap,
-                             fused=worth_it(sum(f.bytes for f in files)))
+            result = _run_local(files, read_options, resolved, device, dtype, by_step, rounds, group_by, bootstrap,
+                                read_workers, resolve_jobs(jobs, files, device), names, on_batch)
         else:
             raise UsageError(f"unknown engine '{engine}'", hint="use local or ray")
     except BaseException:
@@ -126,10 +129,38 @@ def analyze(
     return build_report(files, digests, result, correction, resolved, by_step, group_by=group_by)
 
 
-def _observed(batches: Any, on_batch: Callable[[Any], None]) -> Iterator[Any]:
-    for batch in batches:
+def _run_local(files: Sequence[InputFile], read_options: ReadOptions, resolved: ResolvedCorrection, device: str,
+               dtype: str, by_step: bool, rounds: bool, group_by: tuple[str, ...], bootstrap: int, read_workers: int,
+               jobs: int, names: tuple[str, ...], on_batch: Callable[[Any], None] | None) -> Any:
+    """The local engine: worker processes, or this one (item by item on the CPU, streaming on a GPU)."""
+    if jobs > 1:
+        from mismatch_cli.engine.kernels.sweep import worth_it
+        from mismatch_cli.engine.partial import PartialSpec
+        from mismatch_cli.processes import run_on_processes
+
+        spec = PartialSpec(resolved, dtype, by_step, rounds, tuple(group_by), bootstrap,
+                           fused=worth_it(sum(f.bytes for f in files)))
+        return run_on_processes(files, read_options, spec, jobs, names, on_batch)
+    # closing(): an error in the engine stops the read-ahead threads now, not when the iterator is collected.
+    with closing(iter_item_batches(files, read_options, workers=read_workers)) as tagged:
+        # torch is imported only when analysis really runs, while the read-ahead threads read the first batches
+        from mismatch_cli.engine.kernels.sweep import worth_it
+        from mismatch_cli.engine.runner import resolve_device, run, run_items
+
+        fused = worth_it(sum(f.bytes for f in files))
+        observed = _observed(tagged, on_batch) if on_batch is not None else tagged
+        if resolve_device(device).type == "cpu":
+            return run_items(observed, resolved, dtype=dtype, by_step=by_step, source_names=names, rounds=rounds,
+                             group_by=group_by, bootstrap=bootstrap, fused=fused)
+        # On a GPU the batches of one file join into large device chunks across work items.
+        return run((batch for _, batch in observed), resolved, device=device, dtype=dtype, by_step=by_step,
+                   source_names=names, rounds=rounds, group_by=group_by, bootstrap=bootstrap, fused=fused)
+
+
+def _observed(tagged: Any, on_batch: Callable[[Any], None]) -> Iterator[Any]:
+    for index, batch in tagged:
         on_batch(batch)
-        yield batch
+        yield index, batch
 
 
 def build_report(
@@ -155,6 +186,7 @@ def build_report(
                 format=f.format,
                 bytes=f.bytes,
                 sha256=digests.get(f.path),
+                fingerprint=None if is_remote(f.path) else fingerprint_file(f.path),
                 sequences=stats.sequences if stats else 0,
                 tokens=valid,
             )

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from mismatch_cli.correction import ResolvedCorrection
-from mismatch_cli.engine.distributed import PartialSpec, merge_states, partial_state
+from mismatch_cli.engine.distributed import merge_states, partial_state
+from mismatch_cli.engine.partial import PartialSpec
 from mismatch_cli.engine.runner import EngineResult
 from mismatch_cli.errors import UsageError
 from mismatch_cli.io import InputFile, ReadOptions, read_work_item

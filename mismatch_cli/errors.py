@@ -19,6 +19,17 @@ class MismatchError(Exception):
     def __str__(self) -> str:
         return f"{self.message}; fix: {self.hint}" if self.hint else self.message
 
+    def __reduce__(self) -> tuple:
+        # Rebuilt field by field, whatever the subclass's __init__ takes: a worker process (--jobs) sends it back.
+        return (_restore, (type(self), self.args, dict(self.__dict__)))
+
+
+def _restore(cls: type[MismatchError], args: tuple, state: dict) -> MismatchError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
+
 
 class UsageError(MismatchError):
     """A flag, option or configuration value is wrong (exit 2)."""

@@ -27,6 +27,7 @@ class InputSummary:
     sha256: str | None
     sequences: int
     tokens: int
+    fingerprint: str | None = None  # SHA-256 of the size, first and last MiB (io.discover.fingerprint_file)
 
 
 @dataclass
@@ -200,6 +201,7 @@ _EXPECTED = {"object": "an object", "array": "an array", "string": "a string", "
 _REQUIRED = ("tool", "created_at", "inputs", "config", "metrics")
 _INPUT_FIELDS = {"path": str, "format": str, "bytes": int, "sha256": (str, type(None)), "sequences": int,
                  "tokens": int}
+_OPTIONAL_INPUT_FIELDS = {"fingerprint": (str, type(None))}  # absent in reports written before it
 
 
 def _kind(value: Any) -> str:
@@ -247,7 +249,10 @@ def validate_report(data: Any, source: str = "report") -> None:
             if isinstance(value, bool) or not isinstance(value, kind):
                 check.fail(f"$.inputs[{i}].{name}", "a string" if kind is str else "an integer"
                            if kind is int else "a string or null", value)
-        extra = sorted(set(item) - set(_INPUT_FIELDS))
+        for name, kind in _OPTIONAL_INPUT_FIELDS.items():
+            if name in item and not isinstance(item[name], kind):
+                check.fail(f"$.inputs[{i}].{name}", "a string or null", item[name])
+        extra = sorted(set(item) - set(_INPUT_FIELDS) - set(_OPTIONAL_INPUT_FIELDS))
         if extra:
             check.fail(f"$.inputs[{i}].{extra[0]}", "absent (not a field of an input)", item[extra[0]])
     check.metrics(data["metrics"], "$.metrics")

@@ -312,7 +312,8 @@ def test_modules_stay_under_400_lines() -> None:
 
 def test_the_root_holds_the_public_api_and_the_packages() -> None:
     modules = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
-    assert modules == ["api", "batch", "convert", "distributed", "dump", "errors", "replay", "report", "version"], \
+    assert modules == ["api", "batch", "convert", "distributed", "dump", "errors", "processes", "replay", "report",
+                       "version"], \
         modules
 
 

@@ -27,7 +27,7 @@ def _one_line(message: Warning | str, category: type[Warning], *rest: object, **
 warnings.showwarning = _one_line
 
 from mismatch_cli.cli import analyze, data, gate, info, replay  # noqa: E402, F401 - importing registers the commands
-from mismatch_cli.cli.app import app, main  # noqa: E402
+from mismatch_cli.cli.app import app, entry, main  # noqa: E402
 from mismatch_cli.cli.options import QUIET_HELP  # noqa: E402
 
-__all__ = ["QUIET_HELP", "app", "main"]
+__all__ = ["QUIET_HELP", "app", "entry", "main"]

@@ -66,12 +66,16 @@ def analyze(
     ray_address: Annotated[str | None, typer.Option("--ray-address", metavar="ADDR",
                                                     help="Ray cluster to join (default: "
                                                     "RAY_ADDRESS, else a local one).")] = None,
+    sha256: Annotated[bool, typer.Option("--sha256", help="Hash every input in full for report.json (default: "
+                                         "inputs up to 256 MiB together; larger ones get a fingerprint of "
+                                         "their size, first and last MiB).")] = False,
 ) -> None:
     """Analyze rollout dumps: verl's rollout-correction metrics, health summary, report.json."""
     from mismatch_cli.api import analyze as run_analysis
     from mismatch_cli.api import check_bootstrap
     from mismatch_cli.cli.flags import correction_from_flags
     from mismatch_cli.io.counts import measure_inputs
+    from mismatch_cli.processes import parse_jobs
     from mismatch_cli.render.files import report_files
     from mismatch_cli.render.markdown import render_markdown
     from mismatch_cli.render.progress import reading_progress
@@ -82,6 +86,7 @@ def analyze(
     refuse_without("--ray-address", ray_address is not None, "--engine ray", engine is Engine.ray)
     note_idle("--full", full, "--format table", output_format is ReportFormat.table, quiet)
     replicates = check_bootstrap(compute.bootstrap)
+    jobs = parse_jobs(compute.jobs)
     table_name = csv_table_flag(output_format, table_name)
     correction = correction_from_flags(config, correction_flags)
     outputs = planned_outputs([*inputs, config], out_dir, output)
@@ -90,7 +95,8 @@ def analyze(
     with reading_progress(measure_inputs(inputs, input_flags.input_format.value) if bar else None) as on_batch:
         report = run_analysis(inputs, correction=correction, read_options=options, device=compute.device,
                               dtype=compute.dtype.value, group_by=parse_by(by), on_batch=on_batch,
-                              engine=engine.value, ray_address=ray_address, bootstrap=replicates)
+                              engine=engine.value, ray_address=ray_address, bootstrap=replicates, jobs=jobs,
+                              hash_inputs=True if sha256 else None)
     if output_format is ReportFormat.csv:
         from mismatch_cli.render.csv import default_csv_table, render_csv
 

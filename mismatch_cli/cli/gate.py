@@ -42,9 +42,10 @@ class GithubMode(str, enum.Enum):
 
 def _analyze_options(input_flags: InputFlags, compute: ComputeFlags, by: list[str]) -> dict[str, Any]:
     from mismatch_cli.api import check_bootstrap
+    from mismatch_cli.processes import parse_jobs
 
     return {"read_options": read_options(input_flags), "device": compute.device, "dtype": compute.dtype.value,
-            "bootstrap": check_bootstrap(compute.bootstrap), "group_by": parse_by(by)}
+            "bootstrap": check_bootstrap(compute.bootstrap), "group_by": parse_by(by), "jobs": parse_jobs(compute.jobs)}
 
 
 @app.command()

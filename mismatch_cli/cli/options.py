@@ -193,6 +193,8 @@ class ComputeFlags:
     bootstrap: Annotated[str, typer.Option(
         "--bootstrap", metavar="K", help="Poisson-bootstrap replicates for the report's 95% intervals "
         "(0..10000; 0 = off, a little faster; under 20 give no interval).")] = "200"
+    jobs: Annotated[str, typer.Option("--jobs", metavar="N", help="Processes on this machine's CPU (default "
+                                      "auto: the usable cores from 256 MiB of input); same numbers any N.")] = "auto"
 
 
 def bundled(*bundles: type) -> Callable[[F], F]:

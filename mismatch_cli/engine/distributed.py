@@ -1,59 +1,51 @@
 """The engine's side of a distributed run: one partial state per work item, and their merge.
 
 A worker turns the Batches of one work item into a pickled partial `Analysis`; the driver merges the
-states in input order. Nothing here reads files or knows Ray: `mismatch_cli/distributed.py` plans the
-work, reads it on the workers and calls these two functions. Results equal the local engine's up to
-float64 summation order.
+states in input order. Nothing here reads files or knows Ray: `mismatch_cli/distributed.py` (Ray) and
+`mismatch_cli/processes.py` (`--jobs N`) plan the work, read it on the workers and call these two functions.
+The local engine folds the same work items the same way (runner.run_items), so the numbers are the same
+bit for bit.
 """
 
 from __future__ import annotations
 
 import pickle
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 
 from mismatch_cli.batch import Batch
-from mismatch_cli.correction import ResolvedCorrection
-from mismatch_cli.engine.runner import Analysis, EngineResult
-
-
-@dataclass(frozen=True)
-class PartialSpec:
-    """What every partial state is built with (the same on every worker, so the states merge)."""
-
-    correction: ResolvedCorrection
-    dtype: str = "float32"
-    by_step: bool = False
-    rounds: bool = True
-    group_by: tuple[str, ...] = ()
-    bootstrap: int = 200
+from mismatch_cli.engine.partial import PartialSpec
+from mismatch_cli.engine.runner import Analysis, EngineResult, merged
 
 
 def _empty(spec: PartialSpec) -> Analysis:
     return Analysis(spec.correction, torch.device("cpu"), spec.dtype, spec.by_step, spec.rounds, spec.group_by,
-                    spec.bootstrap)
+                    spec.bootstrap, fused=spec.fused)
+
+
+def fold_partial(batches: Iterable[Batch], spec: PartialSpec) -> tuple[Analysis, int]:
+    """The accumulator state of some Batches (one work item) and the rows they hold."""
+    analysis = _empty(spec)
+    rows = 0
+    for batch in batches:
+        analysis.update(batch)
+        rows += batch.num_rows
+    analysis.flush()
+    return analysis, rows
 
 
 def partial_state(batches: Iterable[Batch], spec: PartialSpec, threads: int | None = 1) -> bytes:
     """The pickled accumulator state of some Batches (on a worker: one torch thread per task by default)."""
     if threads is not None:
         torch.set_num_threads(threads)
-    analysis = _empty(spec)
-    for batch in batches:
-        analysis.update(batch)
-    analysis.flush()
-    return pickle.dumps(analysis)
+    return pickle.dumps(fold_partial(batches, spec)[0])
 
 
-def merge_states(states: Iterable[bytes], spec: PartialSpec, source_names: tuple[str, ...] = ()) -> EngineResult:
-    """Merge pickled partial states in the given (input) order and finish the analysis."""
-    merged: Analysis | None = None
-    for blob in states:
-        state: Analysis = pickle.loads(blob)
-        if merged is None:
-            merged = state
-        else:
-            merged.merge(state)
-    return (merged if merged is not None else _empty(spec)).finish(source_names)
+def merge_states(states: Iterable[bytes | Analysis], spec: PartialSpec,
+                 source_names: tuple[str, ...] = ()) -> EngineResult:
+    """Merge partial states (pickled, or folded in this process) in the given (input) order and finish."""
+    total: Analysis | None = None
+    for state in states:
+        total = merged(total, pickle.loads(state) if isinstance(state, bytes) else state)
+    return (total if total is not None else _empty(spec)).finish(source_names)

@@ -39,6 +39,7 @@ __all__ = [
     "discover_inputs",
     "discovery_warnings",
     "iter_batches",
+    "iter_item_batches",
     "read_nemo_rl",
     "read_parquet",
     "read_prime_rl",
@@ -104,17 +105,50 @@ def __getattr__(name: str) -> Any:
 def iter_batches(files: Sequence[InputFile], options: ReadOptions, workers: int = 0) -> Iterator[Batch]:
     """Stream every file's Batches in input order; `workers` > 0 reads ahead on that many threads from now on."""
     check_options(options)
+    _check_formats(files)
+    if workers > 0:
+        from mismatch_cli.io.parallel import iter_batches_parallel
+
+        return _Guarded(iter_batches_parallel(files, options, _read_file, workers=workers))
+    return _Guarded(batch for file in files for batch in _read_file(file.path, file.format, options))
+
+
+def _check_formats(files: Sequence[InputFile]) -> None:
     for file in files:
         if file.format not in READERS:
             raise InputError(
                 f"unknown input format {file.format!r} for {file.path}",
                 hint=f"use one of {', '.join(FORMAT_NAMES)} (--input-format)",
             )
-    if workers > 0:
-        from mismatch_cli.io.parallel import iter_batches_parallel
 
-        return _Guarded(iter_batches_parallel(files, options, _read_file, workers=workers))
-    return _Guarded(batch for file in files for batch in _read_file(file.path, file.format, options))
+
+def iter_item_batches(files: Sequence[InputFile], options: ReadOptions, workers: int = 0) -> Iterator[
+        tuple[int, Batch]]:
+    """Every input's Batches in input order, each with the index of its work item (io.parallel.plan: the engine's
+    shards); `workers` > 0 reads ahead on that many threads from now on. `close()` stops the readers."""
+    check_options(options)
+    _check_formats(files)
+    from mismatch_cli.io.parallel import ReadAhead, plan, tagged
+
+    items = plan(files)
+    if workers > 0:
+        reader = ReadAhead(items, options, _read_file, workers, 4)
+        return _Guarded(_Closing(tagged(reader), reader))
+    return _Guarded((index, batch) for index, item in enumerate(items) for batch in read_work_item(item, options))
+
+
+class _Closing(Iterator[Any]):
+    """An iterator over another one's values whose `close()` closes that other one."""
+
+    def __init__(self, values: Iterator[Any], owner: Any) -> None:
+        self._values, self._owner = values, owner
+
+    def __next__(self) -> Any:
+        return next(self._values)
+
+    def close(self) -> None:
+        """Close the owner (the read-ahead threads)."""
+        self._owner.close()
 
 
 class _Guarded(Iterator[Batch]):

@@ -16,14 +16,29 @@ _FIXED_WIDTH = {
 
 
 def to_numpy(array: pa.Array) -> np.ndarray:
-    """The array's values as numpy (nulls as pyarrow converts them: NaN for floats, None for objects).
+    """The array's values as numpy (nulls as pyarrow converts them: NaN for numbers, None for objects).
 
-    pyarrow's `to_numpy` imports pandas (about 0.3 s) on its first call, even for a float column; a
-    non-null number or bool array is read straight from its data buffer instead (a read-only view for
-    numbers), which is what pyarrow returns for them too.
+    pyarrow's `to_numpy` imports pandas (about 0.3 s, more beside torch's import) on its first call, even for a
+    float column; a number or bool array is read straight from its buffers instead (a read-only view for
+    non-null numbers; numbers with nulls as float64 with NaN there), and strings through Python objects: what
+    pyarrow returns for them too.
     """
-    if array.null_count == 0 and not isinstance(array, pa.ChunkedArray):
-        name = str(array.type)
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    name = str(array.type)
+    if array.null_count and name in _FIXED_WIDTH and len(array):
+        dtype = np.dtype(_FIXED_WIDTH[name])
+        values = np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
+        bits = np.frombuffer(array.buffers()[0], dtype=np.uint8)
+        valid = np.unpackbits(bits, count=array.offset + len(array), bitorder="little")[array.offset:].view(bool)
+        out = values.astype(np.float64 if dtype.kind in "iu" else dtype)
+        out[~valid] = np.nan
+        return out
+    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type) or pa.types.is_dictionary(array.type):
+        out = np.empty(len(array), dtype=object)
+        out[:] = array.to_pylist()
+        return out
+    if array.null_count == 0:
         if name in _FIXED_WIDTH:
             dtype = np.dtype(_FIXED_WIDTH[name])
             if len(array) == 0:

@@ -1,8 +1,11 @@
 """Read ahead on a few threads (pyarrow releases the GIL), yielding batches in input order.
 
-Work is cut into items (a parquet file's row groups in runs, or a whole file of another format); up to
-`workers` items are read at once, each into a bounded queue, and the consumer drains them in order, so
-results are identical to a serial read and memory stays bounded by workers x depth batches.
+Work is cut into items (a parquet file's row groups in runs of about ITEM_BYTES uncompressed, or a whole
+file of another format); up to `workers` items are read at once, each into a bounded queue, and the consumer
+drains them in order, so results are identical to a serial read and memory stays bounded by workers x depth
+batches. The same items are the engine's shards: each folds into a partial state of its own, merged in input
+order, whether one process folds them, `--jobs N` worker processes or a Ray cluster (api.py), so every number
+is the same however many processes ran.
 
 Cancellation always reaches the readers: every hand-over to the consumer waits with a timeout and
 gives up once the consumer has stopped (an error, a signal, the iterator closed), and the
@@ -20,9 +23,9 @@ from dataclasses import dataclass
 from mismatch_cli.batch import Batch
 from mismatch_cli.io.discover import sha256_file
 from mismatch_cli.io.options import ReadOptions
-from mismatch_cli.io.parquet import row_group_count
+from mismatch_cli.io.parquet import row_group_bytes
 
-ROW_GROUPS_PER_ITEM = 2
+ITEM_BYTES = 64 << 20  # a work item's row groups hold at least this much uncompressed data (or the whole file)
 _DONE = object()
 _FINISHED: queue.Queue = queue.Queue()
 _POLL_S = 0.05
@@ -38,15 +41,23 @@ class WorkItem:
     row_groups: tuple[int, ...] | None = None
 
 
-def plan(files: Sequence, row_groups_per_item: int = ROW_GROUPS_PER_ITEM) -> list[WorkItem]:
-    """Cut the inputs into work items, in input order."""
+def plan(files: Sequence, item_bytes: int | None = None) -> list[WorkItem]:
+    """Cut the inputs into work items, in input order: a parquet file into runs of row groups that each reach
+    `item_bytes` (default ITEM_BYTES) uncompressed (the last run takes the rest), any other file whole."""
+    item_bytes = item_bytes or ITEM_BYTES
     items: list[WorkItem] = []
     for file in files:
-        count = row_group_count(file.path) if file.format == "parquet" else 0
-        if count > row_groups_per_item:
-            for start in range(0, count, row_groups_per_item):
-                items.append(WorkItem(file.path, file.format, tuple(range(start, min(start + row_groups_per_item,
-                                                                                     count)))))
+        sizes = row_group_bytes(file.path) if file.format == "parquet" else []
+        runs: list[list[int]] = [[]]
+        held = 0
+        for index, size in enumerate(sizes):
+            if held >= item_bytes:
+                runs.append([])
+                held = 0
+            runs[-1].append(index)
+            held += size
+        if len(runs) > 1:
+            items += [WorkItem(file.path, file.format, tuple(run)) for run in runs]
         else:
             items.append(WorkItem(file.path, file.format))
     return items
@@ -54,7 +65,7 @@ def plan(files: Sequence, row_groups_per_item: int = ROW_GROUPS_PER_ITEM) -> lis
 
 def iter_batches_parallel(files: Sequence, options: ReadOptions,
                           read_file: Callable[..., Iterator[Batch]],
-                          workers: int = 2, depth: int = 4) -> Iterator[Batch]:
+                          workers: int = 2, depth: int = 4) -> ReadAhead:
     """Every input's Batches in input order, read ahead by `workers` threads that start at once.
 
     `read_file(path, format, options[, row_groups])` is the package's read path (decoder, then validator), so
@@ -62,6 +73,12 @@ def iter_batches_parallel(files: Sequence, options: ReadOptions,
     The first items are read from this call on, so a caller can import the engine (torch) meanwhile.
     """
     return ReadAhead(plan(files), options, read_file, workers, depth)
+
+
+def tagged(batches: ReadAhead) -> Iterator[tuple[int, Batch]]:
+    """Each batch with the index of its work item (plan's order), read ahead."""
+    for batch in batches:
+        yield batches.item_index, batch
 
 
 def _hand_over(stop: threading.Event, out: queue.Queue, value: object) -> bool:
@@ -104,6 +121,7 @@ class ReadAhead(Iterator[Batch]):
         self._queues: list[queue.Queue] = []
         self._threads: list[threading.Thread] = []
         self._index = 0
+        self.item_index = -1  # the work item of the last batch handed over
         self._start_readers()
 
     def _start_readers(self) -> None:
@@ -127,6 +145,7 @@ class ReadAhead(Iterator[Batch]):
                     continue
                 if isinstance(value, BaseException):
                     raise value
+                self.item_index = self._index
                 return value
         except BaseException:
             self.close()

@@ -1,0 +1,167 @@
+"""`--jobs N`: the API's driver for worker processes on this machine (the standard library's process pool).
+
+The work items are the read-ahead planner's (io.parallel.plan); each worker reads, decodes, validates and folds
+one item into a partial state (engine/distributed.py's partial_state, one torch thread each) and the parent
+merges the states in input order, as the in-process engine does item by item (engine/runner.run_items), so the
+numbers are the same bit for bit however many processes ran. At most 2 x N items are in flight, so the parent
+holds a bounded number of pickled states. Workers start from a fork server that imported the engine once; the
+Ray engine stays the way past one machine.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+from mismatch_cli.errors import MismatchError, UsageError
+from mismatch_cli.io import InputFile, ReadOptions, read_work_item
+from mismatch_cli.io.parallel import WorkItem, plan
+
+if TYPE_CHECKING:  # the engine (torch) is imported when a run starts, not when the API is
+    from mismatch_cli.engine.partial import PartialSpec
+    from mismatch_cli.engine.runner import EngineResult
+
+MIN_JOBS_BYTES = 256 << 20  # auto: below this much input, one process (a worker's start costs ~1 s of imports)
+MAX_JOBS = 256
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS says, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def parse_jobs(text: str | None) -> int | None:
+    """`--jobs`: `auto` (None) or a whole number of worker processes from 1 to MAX_JOBS (else a usage error)."""
+    if text is None or str(text).strip().lower() == "auto":
+        return None
+    from mismatch_cli.system.numbers import parse_integer
+
+    return parse_integer(text, "--jobs", 1, MAX_JOBS, f"use --jobs {usable_cores()} (this machine's usable cores), "
+                         "1 for one process, or auto")
+
+
+def resolve_jobs(jobs: int | None, files: Sequence[InputFile], device: str) -> int:
+    """The worker processes a local CPU run uses: `jobs` as given (1 = in this process), or, when None, the usable
+    cores on an input of MIN_JOBS_BYTES or more (one per work item at most) and 1 below it or off the CPU."""
+    if jobs is not None:
+        if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
+            raise UsageError(f"--jobs must be a whole number from 1 to {MAX_JOBS}, got {jobs!r}",
+                             hint=f"use --jobs {usable_cores()} (this machine's usable cores), or 1 for one process")
+        return jobs
+    if device not in ("auto", "cpu") or sum(f.bytes for f in files) < MIN_JOBS_BYTES:
+        return 1
+    return max(1, min(usable_cores(), len(plan(files))))
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    """Fork on Linux, from a parent that has imported the engine and started no thread of its own yet (the workers
+    start at once, with torch loaded); elsewhere a fork server that imported the engine once, else spawn."""
+    methods = multiprocessing.get_all_start_methods()
+    if sys.platform.startswith("linux") and "fork" in methods:
+        return multiprocessing.get_context("fork")
+    if "forkserver" in methods:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["mismatch_cli.engine.distributed", "mismatch_cli.io"])
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+@contextmanager
+def _main_hidden() -> Iterator[None]:
+    """Hide the caller's `__main__` while workers start: they need nothing from it, and multiprocessing would run a
+    script again in each worker (one without the `if __name__ == "__main__":` guard would start a pool there)."""
+    main = sys.modules.get("__main__")
+    saved = {name: getattr(main, name) for name in ("__file__", "__spec__") if hasattr(main, name)}
+    try:
+        for name in saved:
+            setattr(main, name, None) if name == "__spec__" else delattr(main, name)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(main, name, value)
+
+
+def _fold_item(item: WorkItem, options: ReadOptions, spec: PartialSpec) -> tuple[bytes, int]:
+    """One work item's pickled partial state and the rows it read, in a worker (one torch thread)."""
+    import pickle
+
+    import torch
+
+    from mismatch_cli.engine.distributed import fold_partial
+
+    torch.set_num_threads(1)
+    state, rows = fold_partial(read_work_item(item, options), spec)
+    return pickle.dumps(state), rows
+
+
+class _Schedule:
+    """Hands out the items in input order: the workers' next ones are submitted ahead (at most `window` in flight),
+    and the parent folds the next one itself whenever the state to merge next is not ready yet."""
+
+    def __init__(self, pool: ProcessPoolExecutor, items: list[WorkItem], options: ReadOptions, spec: PartialSpec,
+                 window: int) -> None:
+        self.pool, self.items, self.options, self.spec, self.window = pool, items, options, spec, window
+        self.next_item = 0
+        self.inflight: dict[int, Future[tuple[bytes, int]]] = {}
+        self.local: dict[int, tuple[Any, int]] = {}
+
+    def _feed(self) -> None:
+        while len(self.inflight) < self.window and self.next_item < len(self.items):
+            index = self.next_item
+            self.inflight[index] = self.pool.submit(_fold_item, self.items[index], self.options, self.spec)
+            self.next_item += 1
+
+    def states(self) -> Iterator[tuple[Any, int]]:
+        """(state, rows read) per item in input order: an Analysis the parent folded, or a worker's pickled one."""
+        from mismatch_cli.engine.distributed import fold_partial
+
+        for index in range(len(self.items)):
+            self._feed()
+            while index not in self.local and not self.inflight[index].done() and self.next_item < len(self.items):
+                mine = self.next_item  # the parent works instead of waiting
+                self.next_item += 1
+                self.local[mine] = fold_partial(read_work_item(self.items[mine], self.options), self.spec)
+            yield self.local.pop(index) if index in self.local else self.inflight.pop(index).result()
+
+
+def run_on_processes(files: Sequence[InputFile], read_options: ReadOptions, spec: PartialSpec, jobs: int,
+                     source_names: tuple[str, ...] = (),
+                     on_batch: Callable[[Any], None] | None = None) -> EngineResult:
+    """Analyze on this process and `jobs` - 1 worker processes, merging the partial states in input order."""
+    import torch
+
+    from mismatch_cli.engine.distributed import merge_states
+
+    torch.set_num_threads(1)  # as every worker and the one-process run: the same arithmetic
+    items = plan(files)
+    workers = max(1, min(jobs - 1, len(items) - 1))
+    with _main_hidden(), ProcessPoolExecutor(max_workers=workers, mp_context=_context()) as pool:
+        try:
+            def counted() -> Iterator[Any]:
+                for state, rows in _Schedule(pool, items, read_options, spec, 2 * workers).states():
+                    if on_batch is not None:
+                        on_batch(SimpleNamespace(num_rows=rows))  # the progress bar counts rows
+                    yield state
+
+            return merge_states(counted(), spec, source_names)
+        except BrokenProcessPool:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise MismatchError(f"a worker process of --jobs {jobs} stopped before it finished (killed, or out of "
+                                "memory)", hint="run again with fewer processes (--jobs 1 reads in this process)") \
+                from None
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+
+
+__all__ = ["MIN_JOBS_BYTES", "parse_jobs", "resolve_jobs", "run_on_processes", "usable_cores"]

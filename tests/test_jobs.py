@@ -1,0 +1,78 @@
+"""`--jobs N`: worker processes fold the work items into partial states that merge in input order, so every number
+of the report is the same bit for bit as one process's, whatever N is (issue 36)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+import mismatch_cli.io.parallel as parallel
+from mismatch_cli.api import analyze
+from mismatch_cli.cli import app
+from mismatch_cli.correction import CorrectionConfig
+from mismatch_cli.io import discover_inputs
+from mismatch_cli.processes import resolve_jobs
+from mismatch_cli.synth import SynthSpec, write_synthetic_dump
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    folder = tmp_path_factory.mktemp("jobs")
+    paths = []
+    for i, turns in enumerate((3, 1)):
+        path = folder / f"part{i}.parquet"
+        write_synthetic_dump(path, SynthSpec(tokens=120_000, turns=turns, seed=i, steps=3, row_group_tokens=15_000,
+                                             catastrophic_rate=1e-4))
+        table = pq.read_table(path)  # a label column for --by
+        labels = [("math", "code", "chat")[r % 3] for r in range(table.num_rows)]
+        pq.write_table(table.append_column("env_name", __import__("pyarrow").array(labels)), path,
+                       row_group_size=40)
+        paths.append(str(path))
+    return paths
+
+
+def report(paths: list[str], jobs: int, **kwargs: object) -> dict:
+    data = analyze(paths, hash_inputs=False, jobs=jobs, **kwargs).to_dict()
+    data.pop("created_at")
+    return data
+
+
+@pytest.mark.parametrize("config", [
+    CorrectionConfig(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="seq_mean_k1,token_k3",
+                     rollout_rs_threshold="0.99_1.01,0.5"),
+    CorrectionConfig(semantics="skyrl"),
+    CorrectionConfig(semantics="xtuner"),  # one family state per pack (file), merged as xtuner does
+])
+def test_every_number_is_the_same_for_any_number_of_processes(dumps: list[str], monkeypatch: pytest.MonkeyPatch,
+                                                              config: CorrectionConfig) -> None:
+    monkeypatch.setattr(parallel, "ITEM_BYTES", 200_000)  # several work items per file
+    assert len(parallel.plan(discover_inputs(dumps))) >= 6
+    kwargs = {"correction": config, "group_by": ("step", "env_name"), "bootstrap": 40}
+    one = report(dumps, 1, **kwargs)
+    two = report(dumps, 2, **kwargs)
+    assert one["steps"] and one["groups"]["env_name"] and one["rounds"] and one["worst_sequences"]
+    assert one["intervals"]
+    assert json.dumps(one, sort_keys=True) == json.dumps(two, sort_keys=True)
+
+
+def test_a_workers_error_is_the_users_one_line(dumps: list[str], tmp_path: Path) -> None:
+    bad = tmp_path / "zz.parquet"
+    bad.write_bytes(b"PAR1 not parquet at all PAR1")
+    result = CliRunner().invoke(app, ["analyze", *dumps, str(bad), "--jobs", "2", "-q"])
+    assert result.exit_code == 3 and "zz.parquet" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", "257"])
+def test_a_bad_jobs_value_is_refused(dumps: list[str], value: str) -> None:
+    result = CliRunner().invoke(app, ["analyze", dumps[0], "--jobs", value])
+    assert result.exit_code == 2 and "--jobs" in result.output
+
+
+def test_auto_uses_one_process_on_a_small_input_and_off_the_cpu(dumps: list[str]) -> None:
+    files = discover_inputs(dumps)
+    assert resolve_jobs(None, files, "auto") == 1  # far below 256 MiB: a worker's start would cost more
+    assert resolve_jobs(3, files, "cpu") == 3
