@@ -12,6 +12,12 @@ import sys
 import warnings
 
 from mismatch_cli.correction.registry import TrainerWarning
+from mismatch_cli.system.requirements import unmet_requirement
+
+_unmet = unmet_requirement()  # before typer, pyarrow or torch is used: an older one fails with a traceback
+if _unmet is not None:
+    print(f"error: {_unmet[0]}; fix: {_unmet[1]}", file=sys.stderr)
+    sys.exit(2)
 
 _show = warnings.showwarning
 
