@@ -5,10 +5,11 @@
 # the fused GPU sweep against torch's passes (check), CUDA parity of every trainer's upstream cases (parity),
 # in-memory engine throughput with the sweep on and off (engine; chunks: 2^23-2^25-position chunks), a
 # torch-profiler breakdown per accumulator and per chunk (profile; CHUNK=N positions), every call that waits
-# for the GPU, by line (syncs), end to end against pyarrow's read (scale).
+# for the GPU, by line (syncs), end to end against pyarrow's read (scale), and this machine's table of one process,
+# every core and the GPU at 50M, 200M and 1B tokens in 8 files (machine; bench_machine.py).
 set -u -o pipefail
 out=${1:?OUT_DIR}; mem=${2:-40000000}; e2e=${3:-50000000}
-stages=${STAGES:-check parity engine chunks profile syncs scale}
+stages=${STAGES:-check parity engine chunks profile syncs scale machine}
 here=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH="$here:$here/bench:$here/tests${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 cd "$here"
@@ -31,5 +32,8 @@ for stage in $stages; do
     syncs) timeout 60 python3 bench/gpu_syncs.py --tokens 8000000 > "$out/syncs.log" 2>&1; head -30 "$out/syncs.log" ;;
     scale) timeout 150 python3 bench/bench_scale.py --tokens "$e2e" --turns 4 --repeats 1 --padded-limit 0 --device cuda \
              2>&1 | tee "$out/scale.log" ;;
+    machine) timeout 420 python3 bench/bench_machine.py --tokens 50000000 200000000 1000000000 --workdir /tmp/mm \
+               --skip-at "1000000000:jobs 1,1000000000:cuda 2 threads" --cuda-read-threads 2 2>&1 \
+               | tee "$out/machine.log" ;;
   esac
 done

@@ -22,7 +22,7 @@ from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, discovery_w
 from mismatch_cli.io.discover import fingerprint_file
 from mismatch_cli.io.parallel import BackgroundHashes
 from mismatch_cli.io.remote import is_remote
-from mismatch_cli.processes import resolve_jobs
+from mismatch_cli.processes import read_threads, resolve_jobs
 from mismatch_cli.report import TOOL_NAME, InputSummary, Report
 from mismatch_cli.system.numbers import parse_integer
 from mismatch_cli.version import __version__
@@ -68,7 +68,7 @@ def analyze(
     hash_inputs: bool | None = None,
     rounds: bool = True,
     bootstrap: int = 200,
-    read_workers: int = 2,
+    read_workers: int | None = None,
     engine: str = "local",
     ray_address: str | None = None,
     on_batch: Callable[[Any], None] | None = None,
@@ -78,7 +78,8 @@ def analyze(
 
     `on_batch`, when given, sees every Batch as it is read (e.g. to drive a progress bar). `jobs` worker
     processes analyze a CPU run's work items (None: the usable cores on a large input, else 1); every number is
-    the same whatever `jobs` is. `hash_inputs`: the SHA-256 of every local input (None: when they hold at most
+    the same whatever `jobs` is; `read_workers` read-ahead threads feed one process (None: half the usable cores,
+    2 to 8). `hash_inputs`: the SHA-256 of every local input (None: when they hold at most
     FULL_HASH_BYTES together; every local input always gets its cheap fingerprint).
     """
     correction = correction or CorrectionConfig()
@@ -118,7 +119,7 @@ def analyze(
                                 group_by=group_by, bootstrap=bootstrap, address=ray_address, source_names=names)
         elif engine == "local":
             result = _run_local(files, read_options, resolved, device, dtype, by_step, rounds, group_by, bootstrap,
-                                read_workers, resolve_jobs(jobs, files, device), names, on_batch)
+                                read_workers or read_threads(), resolve_jobs(jobs, files, device), names, on_batch)
         else:
             raise UsageError(f"unknown engine '{engine}'", hint="use local or ray")
     except BaseException:

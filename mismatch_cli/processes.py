@@ -40,6 +40,12 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def read_threads() -> int:
+    """Read-ahead threads of a one-process run: half the usable cores, from 2 to 8 (pyarrow's decoding releases the
+    GIL; on a GPU these threads are what feeds it)."""
+    return min(8, max(2, usable_cores() // 2))
+
+
 def parse_jobs(text: str | None) -> int | None:
     """`--jobs`: `auto` (None) or a whole number of worker processes from 1 to MAX_JOBS (else a usage error)."""
     if text is None or str(text).strip().lower() == "auto":
@@ -57,6 +63,10 @@ def resolve_jobs(jobs: int | None, files: Sequence[InputFile], device: str) -> i
         if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
             raise UsageError(f"--jobs must be a whole number from 1 to {MAX_JOBS}, got {jobs!r}",
                              hint=f"use --jobs {usable_cores()} (this machine's usable cores), or 1 for one process")
+        if jobs > 1 and device not in ("auto", "cpu"):
+            raise UsageError(f"--jobs {jobs} runs worker processes on the CPU, so it does not combine with --device "
+                             f"{device}", hint=f"drop --jobs (this process feeds the GPU), or use --device cpu --jobs "
+                             f"{jobs}")
         return jobs
     if device not in ("auto", "cpu") or sum(f.bytes for f in files) < MIN_JOBS_BYTES:
         return 1
@@ -164,4 +174,4 @@ def run_on_processes(files: Sequence[InputFile], read_options: ReadOptions, spec
             raise
 
 
-__all__ = ["MIN_JOBS_BYTES", "parse_jobs", "resolve_jobs", "run_on_processes", "usable_cores"]
+__all__ = ["MIN_JOBS_BYTES", "parse_jobs", "read_threads", "resolve_jobs", "run_on_processes", "usable_cores"]

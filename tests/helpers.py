@@ -83,6 +83,23 @@ def close(ours: float | None, reference: float, rel: float, abs_: float) -> bool
     return abs(ours - reference) <= rel * abs(reference) + abs_
 
 
+FLOAT32_ULP = 2.0**-23  # the spacing of float32 values in [1, 2): one ulp, relative
+FLOAT64_EPS = 2.0**-52
+
+
+def float32_step_abs(scale: float, ulps: int = 2) -> float:
+    """The absolute error `ulps` float32 ulps of operands of size `scale` leave in a value a trainer takes through a
+    float32 step even on float64 input (a GPU's float32 exp differs from the CPU's by an ulp here and there)."""
+    return ulps * FLOAT32_ULP * max(1.0, abs(scale))
+
+
+def cancelled_std_abs(mean: float, std: float, ulps: int = 16) -> float:
+    """The absolute rounding of a standard deviation taken by cancellation, sqrt(E[x^2] - E[x]^2): the variance
+    carries `ulps` float64 ulps of E[x^2], the std that over 2 std (only large where the std is residue)."""
+    second = mean * mean + std * std
+    return ulps * FLOAT64_EPS * second / (2 * std) if std > 0 else ulps * FLOAT64_EPS * second
+
+
 def assert_same_tree(one, other, rel: float, path: str = "") -> None:
     """Two results' tables agree: equal structure, integers and strings exact, floats to `rel` (NaN = NaN)."""
     if isinstance(one, dict):

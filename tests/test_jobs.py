@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 import mismatch_cli.io.parallel as parallel
+import mismatch_cli.processes as processes
 from mismatch_cli.api import analyze
 from mismatch_cli.cli import app
 from mismatch_cli.correction import CorrectionConfig
@@ -76,3 +77,17 @@ def test_auto_uses_one_process_on_a_small_input_and_off_the_cpu(dumps: list[str]
     files = discover_inputs(dumps)
     assert resolve_jobs(None, files, "auto") == 1  # far below 256 MiB: a worker's start would cost more
     assert resolve_jobs(3, files, "cpu") == 3
+
+
+def test_jobs_with_a_gpu_device_is_refused_before_anything_runs(dumps: list[str]) -> None:
+    result = CliRunner().invoke(app, ["analyze", dumps[0], "--jobs", "4", "--device", "cuda"])
+    assert result.exit_code == 2
+    assert "--jobs 4 runs worker processes on the CPU" in result.output and "--device cpu --jobs 4" in result.output
+    assert resolve_jobs(1, discover_inputs(dumps), "cuda") == 1  # one process is what a GPU run is
+
+
+@pytest.mark.parametrize("cores, threads", [(1, 2), (2, 2), (6, 3), (16, 8), (64, 8)])
+def test_read_threads_are_half_the_cores_from_2_to_8(monkeypatch: pytest.MonkeyPatch, cores: int,
+                                                     threads: int) -> None:
+    monkeypatch.setattr(processes, "usable_cores", lambda: cores)
+    assert processes.read_threads() == threads
