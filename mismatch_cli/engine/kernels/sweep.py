@@ -111,17 +111,6 @@ def _compiled(name: str) -> Any:
     return kernel
 
 
-def warm() -> None:
-    """Load every fused kernel already in the disk cache (none is compiled here): a fork server calls this once so
-    that the workers it forks start with them loaded."""
-    numba = _numba()
-    if numba is None:
-        return
-    for name in KERNELS:
-        if (cache_dir() / f"{name}-{numba.__version__}-{_VERSION}").exists():
-            _compiled(name)
-
-
 @cache
 def _say_compiling() -> None:
     """One line on stderr, once a process (without a handler, logging's last resort prints it; -q silences it)."""
