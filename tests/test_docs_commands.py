@@ -102,3 +102,10 @@ def test_readme_points_to_the_commands_page():
     assert len(readme.splitlines()) <= 250
     assert 'pip install -e ".[dev,ray]" && python -m pytest -n 2 tests' in readme
     assert "-n 2 tests" in (README.parent / ".ci" / "run").read_text()  # the README runs what CI runs
+
+
+def test_the_performance_page_stays_short():
+    # What a user needs (figures, knobs, how to measure); the measurement history lives in bench/HISTORY.md.
+    page = README.parent / "docs" / "performance.md"
+    assert len(page.read_text().splitlines()) <= 200
+    assert "bench/bench_machine.py" in page.read_text()
