@@ -58,7 +58,8 @@ def parse_jobs(text: str | None) -> int | None:
 
 def resolve_jobs(jobs: int | None, files: Sequence[InputFile], device: str) -> int:
     """The worker processes a local CPU run uses: `jobs` as given (1 = in this process), or, when None, the usable
-    cores on an input of MIN_JOBS_BYTES or more (one per work item at most) and 1 below it or off the CPU."""
+    cores on an input of MIN_JOBS_BYTES or more (one per work item at most), and 1 below it or on a GPU (`auto`
+    takes one when torch sees it)."""
     if jobs is not None:
         if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
             raise UsageError(f"--jobs must be a whole number from 1 to {MAX_JOBS}, got {jobs!r}",
@@ -70,7 +71,16 @@ def resolve_jobs(jobs: int | None, files: Sequence[InputFile], device: str) -> i
         return jobs
     if device not in ("auto", "cpu") or sum(f.bytes for f in files) < MIN_JOBS_BYTES:
         return 1
+    if device == "auto" and gpu_visible():  # `auto` takes the GPU, which one process feeds
+        return 1
     return max(1, min(usable_cores(), len(plan(files))))
+
+
+def gpu_visible() -> bool:
+    """Whether torch sees a GPU (what `--device auto` takes); imports torch, so asked only of large inputs."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _context() -> multiprocessing.context.BaseContext:

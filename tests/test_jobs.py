@@ -91,3 +91,14 @@ def test_read_threads_are_half_the_cores_from_2_to_8(monkeypatch: pytest.MonkeyP
                                                      threads: int) -> None:
     monkeypatch.setattr(processes, "usable_cores", lambda: cores)
     assert processes.read_threads() == threads
+
+
+def test_auto_keeps_the_gpu_when_torch_sees_one(dumps: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    files = discover_inputs(dumps)
+    monkeypatch.setattr(processes, "MIN_JOBS_BYTES", 0)
+    monkeypatch.setattr(processes, "usable_cores", lambda: 4)
+    monkeypatch.setattr(processes, "gpu_visible", lambda: True)
+    assert resolve_jobs(None, files, "auto") == 1
+    assert resolve_jobs(None, files, "cpu") == min(4, len(parallel.plan(files)))
+    monkeypatch.setattr(processes, "gpu_visible", lambda: False)
+    assert resolve_jobs(None, files, "auto") == min(4, len(parallel.plan(files)))
