@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -111,6 +112,29 @@ def _main_hidden() -> Iterator[None]:
             setattr(main, name, value)
 
 
+def _worker_start() -> None:
+    """In each worker: Ctrl-C and SIGTERM are the parent's to handle (it stops the workers, and says so in one line),
+    and on Linux a worker dies with its parent, never left blocked on a result nobody reads."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler, inherited by the fork
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Stop the workers now (an error or a signal in the parent): queued items are dropped and running ones killed,
+    since a worker blocked writing a state nobody will read would otherwise outlive the run."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        if process.is_alive():
+            process.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
 def _fold_item(item: WorkItem, options: ReadOptions, spec: PartialSpec) -> tuple[bytes, int]:
     """One work item's pickled partial state and the rows it read, in a worker (one torch thread)."""
     import pickle
@@ -165,7 +189,8 @@ def run_on_processes(files: Sequence[InputFile], read_options: ReadOptions, spec
     torch.set_num_threads(1)  # as every worker and the one-process run: the same arithmetic
     items = plan(files)
     workers = max(1, min(jobs - 1, len(items) - 1))
-    with _main_hidden(), ProcessPoolExecutor(max_workers=workers, mp_context=_context()) as pool:
+    with _main_hidden(), ProcessPoolExecutor(max_workers=workers, mp_context=_context(),
+                                             initializer=_worker_start) as pool:
         try:
             def counted() -> Iterator[Any]:
                 for state, rows in _Schedule(pool, items, read_options, spec, 2 * workers).states():
@@ -175,12 +200,12 @@ def run_on_processes(files: Sequence[InputFile], read_options: ReadOptions, spec
 
             return merge_states(counted(), spec, source_names)
         except BrokenProcessPool:
-            pool.shutdown(wait=False, cancel_futures=True)
+            _stop(pool)
             raise MismatchError(f"a worker process of --jobs {jobs} stopped before it finished (killed, or out of "
                                 "memory)", hint="run again with fewer processes (--jobs 1 reads in this process)") \
                 from None
         except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
+            _stop(pool)
             raise
 
 

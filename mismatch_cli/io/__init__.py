@@ -187,4 +187,4 @@ def _read_file(path: str, file_format: str, options: ReadOptions,
 def read_work_item(item: WorkItem, options: ReadOptions) -> Iterator[Batch]:
     """The Batches of one planned work item: a run of a parquet file's row groups, or a whole file."""
     check_options(options)
-    return _read_file(item.path, item.format, options, item.row_groups)
+    return _Guarded(_read_file(item.path, item.format, options, item.row_groups))

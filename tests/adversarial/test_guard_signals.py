@@ -121,3 +121,48 @@ def test_a_swallowed_signal_still_stops_the_read_and_the_writes(tmp_path: Path, 
             outputs.commit()
     assert list(tmp_path.iterdir()) == []
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def _children(pid: int) -> list[int]:
+    """The live processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if entry.name.isdigit() and int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize(("signum", "code", "name"), [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_a_signal_stops_every_worker_of_jobs(tmp_path: Path, dump: Path, signum: int, code: int, name: str) -> None:
+    # A worker killed mid-item must not outlive the run: one left blocked writing its state to a pipe nobody reads
+    # kept its memory until it was killed by hand.
+    work = tmp_path / "work"
+    work.mkdir()
+    second = tmp_path / "second.parquet"
+    second.write_bytes(dump.read_bytes())  # two files: two work items, so a worker takes one
+    held = tmp_path / "held"
+    proc = subprocess.Popen([sys.executable, "-m", "mismatch_cli", "analyze", str(dump), str(second), "--jobs", "2",
+                             "--out-dir", str(work / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**subprocess_env(), HOLD_ENV: str(held)}, cwd=work)
+    try:
+        deadline = time.monotonic() + 60
+        while not (held.exists() and _children(proc.pid)) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        workers = _children(proc.pid)
+        assert held.exists() and workers and proc.poll() is None, "the run never reached its first batch"
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    _assert_stopped_cleanly(proc.returncode, stderr, code, name, work)
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "a worker outlived the run"
