@@ -188,7 +188,18 @@ def run_on_processes(files: Sequence[InputFile], read_options: ReadOptions, spec
 
     torch.set_num_threads(1)  # as every worker and the one-process run: the same arithmetic
     items = plan(files)
-    workers = max(1, min(jobs - 1, len(items) - 1))
+    if len(items) < 2:  # nothing to share: no worker is started
+        from mismatch_cli.engine.distributed import fold_partial
+
+        def here() -> Iterator[Any]:
+            for item in items:
+                state, rows = fold_partial(read_work_item(item, read_options), spec)
+                if on_batch is not None:
+                    on_batch(SimpleNamespace(num_rows=rows))
+                yield state
+
+        return merge_states(here(), spec, source_names)
+    workers = min(jobs - 1, len(items) - 1)
     with _main_hidden(), ProcessPoolExecutor(max_workers=workers, mp_context=_context(),
                                              initializer=_worker_start) as pool:
         try:

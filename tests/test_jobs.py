@@ -102,3 +102,11 @@ def test_auto_keeps_the_gpu_when_torch_sees_one(dumps: list[str], monkeypatch: p
     assert resolve_jobs(None, files, "cpu") == min(4, len(parallel.plan(files)))
     monkeypatch.setattr(processes, "gpu_visible", lambda: False)
     assert resolve_jobs(None, files, "auto") == min(4, len(parallel.plan(files)))
+
+
+def test_one_work_item_starts_no_worker(dumps: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_pool(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a worker pool was started for one work item")
+
+    monkeypatch.setattr(processes, "ProcessPoolExecutor", no_pool)
+    assert report(dumps[:1], jobs=4) == report(dumps[:1], jobs=1)

@@ -103,6 +103,15 @@ def test_a_prefix_through_the_cli_equals_the_local_folder(s3, tmp_path) -> None:
     assert json.loads((out / "report.json").read_text())["metrics"] == remote["metrics"]
 
 
+def test_jobs_read_the_objects_in_workers_and_change_nothing(s3, tmp_path) -> None:
+    # The parent lists the prefix (pyarrow's S3 client is up) before the workers fork; each reads its own objects.
+    server, local = s3
+    run = mismatch("analyze", f"s3://{BUCKET}/run/", "--by", "step", "--format", "json", "--quiet", "--jobs", "3",
+                   env=server.env, timeout=120)
+    assert run.code == 0, run.stderr
+    _assert_same(json.loads(run.stdout), _report(local / "run", by=("step",)))
+
+
 def test_one_parquet_object_equals_the_local_file(s3_env) -> None:
     _, local = s3_env
     remote = _report(f"s3://{BUCKET}/run/step_10/part.parquet", by=("step",))
