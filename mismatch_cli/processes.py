@@ -200,6 +200,10 @@ def run_on_processes(files: Sequence[InputFile], read_options: ReadOptions, spec
 
         return merge_states(here(), spec, source_names)
     workers = min(jobs - 1, len(items) - 1)
+    if spec.fused and _context().get_start_method() == "fork":
+        from mismatch_cli.engine.kernels.sweep import preload
+
+        preload()  # the forked workers inherit the loaded kernels
     with _main_hidden(), ProcessPoolExecutor(max_workers=workers, mp_context=_context(),
                                              initializer=_worker_start) as pool:
         try:

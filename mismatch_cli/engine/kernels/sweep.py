@@ -111,6 +111,17 @@ def _compiled(name: str) -> Any:
     return kernel
 
 
+def preload() -> None:
+    """Load every fused kernel already in the disk cache (none is compiled here), so that worker processes forked
+    afterwards start with them: importing numba and its first load cost about 0.5 s of CPU per process."""
+    numba = _numba()
+    if numba is None:
+        return
+    for name in KERNELS:
+        if (cache_dir() / f"{name}-{numba.__version__}-{_VERSION}").exists():
+            _compiled(name)
+
+
 @cache
 def _say_compiling() -> None:
     """One line on stderr, once a process (without a handler, logging's last resort prints it; -q silences it)."""
