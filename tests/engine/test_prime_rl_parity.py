@@ -59,7 +59,7 @@ def _tolerance(key: str, dtype: str, value: float = 0.0) -> tuple[float, float]:
     if dtype == "float32" and key.split("/")[0] in ("mismatch_kl", *KL_KEYS):
         # mismatch_kl = exp(d) - d - 1 cancels: an ulp of a float32 exp(d) (a GPU's differs from the CPU's here and
         # there) is an absolute error, however small the KL.
-        return TOLERANCE[dtype][0], float32_step_abs(1.0 + value)
+        return TOLERANCE[dtype][0], max(TOLERANCE[dtype][1], float32_step_abs(1.0 + value))
     return TOLERANCE[dtype]
 
 
