@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark in one go, for a machine with a GPU (a lent one runs it in one call):
 #   bash bench/gpu_all.sh OUT_DIR [TOKENS_IN_MEMORY] [TOKENS_END_TO_END]
-# STAGES (default: all of "check parity engine chunks profile syncs scale") picks some. Logs land in OUT_DIR:
+# STAGES (default: all of "check parity engine chunks profile syncs scale machine") picks some. Logs land in OUT_DIR:
 # the fused GPU sweep against torch's passes (check), CUDA parity of every trainer's upstream cases (parity),
 # in-memory engine throughput with the sweep on and off (engine; chunks: 2^23-2^25-position chunks), a
 # torch-profiler breakdown per accumulator and per chunk (profile; CHUNK=N positions), every call that waits
 # for the GPU, by line (syncs), end to end against pyarrow's read (scale), and this machine's table of one process,
 # every core and the GPU at 50M, 200M and 1B tokens in 8 files (machine; bench_machine.py).
+# A lent machine's image may hold an older typer than the CLI needs (0.27 on the H200 image, where typer 0.29 also
+# needs pydantic): bring the wheels (typer, click, pydantic, pydantic-core, annotated-types, typing-inspection,
+# typing-extensions; `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
+# manylinux2014_x86_64 -d .whl NAME==VERSION`) and install them first: `pip install --no-index --no-deps --target
+# /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site`. The CLI says which requirement is missing otherwise.
 set -u -o pipefail
 out=${1:?OUT_DIR}; mem=${2:-40000000}; e2e=${3:-50000000}
 stages=${STAGES:-check parity engine chunks profile syncs scale machine}
