@@ -31,6 +31,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench_scale import measure  # wall seconds, peak RSS (MiB), CPU seconds of one command and its children
+
 READ = """
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -63,17 +65,6 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
-
-
-def measure(command: list[str]) -> tuple[float, float, float]:
-    """Wall seconds, the largest process's peak RSS (MiB) and CPU seconds (with its children) of one command."""
-    start = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(process.pid, 0)
-    elapsed = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"failed: {' '.join(command)}\n{process.stderr.read().decode() if process.stderr else ''}")
-    return elapsed, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
 def make_files(folder: Path, tokens: int, files: int, turns: int) -> list[Path]:

@@ -68,20 +68,17 @@ def policy_lag(metrics: dict[str, Any], table: dict[str, Any]) -> list[Finding]:
     if growth is None:
         return []
     low, high = growth["low"], growth["high"]
+    between = (f"mean |p_train − p_rollout| {low['prob_abs_diff_mean']:.3g} at lag {low['lag']}, "
+               f"{high['prob_abs_diff_mean']:.3g} at lag {high['lag']}")
+    evidence = {"lags": rows, "z": growth["z"], "version_kind": table.get("version_kind")}
     if not growth["grows"]:
         return [Finding(
-            "lag_ruled_out", "info",
-            f"the gap does not grow with the policy lag: mean |p_train − p_rollout| {low['prob_abs_diff_mean']:.3g} "
-            f"at lag {low['lag']}, {high['prob_abs_diff_mean']:.3g} at lag {high['lag']}",
-            {"lags": rows, "z": growth["z"], "version_kind": table.get("version_kind")},
+            "lag_ruled_out", "info", f"the gap does not grow with the policy lag: {between}", evidence,
             f"Rows at lag {low['lag']} disagree about as much as rows {high['lag']} versions behind: the weights' age "
             "is not what drives this gap.")]
     kind = "lag column" if table.get("version_kind") == "lag" else "policy versions"
     return [Finding(
-        "policy_lag", "warning",
-        f"the gap grows with the policy lag: mean |p_train − p_rollout| {low['prob_abs_diff_mean']:.3g} at lag "
-        f"{low['lag']}, {high['prob_abs_diff_mean']:.3g} at lag {high['lag']}",
-        {"lags": rows, "z": growth["z"], "version_kind": table.get("version_kind")},
+        "policy_lag", "warning", f"the gap grows with the policy lag: {between}", evidence,
         f"By the dump's {kind}, rows {high['lag']} versions behind disagree "
         f"{high['prob_abs_diff_mean'] / max(low['prob_abs_diff_mean'], 1e-300):.3g} times as much as rows at lag "
         f"{low['lag']} ({growth['z']:.3g} standard errors apart): the weights the engine "
