@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors.numpy import save_file
@@ -20,10 +22,15 @@ from mismatch_cli.report import Report
 SINGLE = Path(__file__).resolve().parents[1] / "sample_data" / "single_turn.parquet"
 
 
-def test_one_path_as_a_string_is_one_path_and_one_group_column_is_one_column() -> None:
-    by_string = analyze(str(SINGLE), bootstrap=0, group_by="uid")
-    by_list = analyze([SINGLE], bootstrap=0, group_by=["uid"])
-    assert by_string.metrics == by_list.metrics and set(by_string.groups) == {"uid"}
+def test_one_path_as_a_string_is_one_path_and_one_group_column_is_one_column(tmp_path: Path) -> None:
+    table = pq.read_table(SINGLE)  # a two-valued label column: the point is the column, not many groups
+    path = tmp_path / "labelled.parquet"
+    labels = [("a", "b")[row % 2] for row in range(table.num_rows)]
+    pq.write_table(table.append_column("env", pa.array(labels)), path)
+    by_string = analyze(str(path), bootstrap=0, group_by="env")
+    by_list = analyze([str(path)], bootstrap=0, group_by=["env"])
+    assert by_string.metrics == by_list.metrics and set(by_string.groups) == {"env"}
+    assert set(by_string.groups["env"]) == {"a", "b"}
 
 
 @pytest.mark.parametrize(("kwargs", "words"), [

@@ -56,7 +56,8 @@ def _node(args: list[str], temp_dir: str, log: Path) -> subprocess.Popen:
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is not None:
         return
-    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):  # a node drains for up to 30 s on SIGTERM
+    # A node drains for up to 30 s on SIGTERM; the run is over by then, so its group gets a second, then SIGKILL.
+    for sig, wait in ((signal.SIGTERM, 1), (signal.SIGKILL, 10)):
         try:
             os.killpg(proc.pid, sig)  # the group this test created for the node: its raylet, workers, agents
         except ProcessLookupError:
