@@ -36,9 +36,11 @@ COMMANDS = {
 }
 
 
-def _interrupt(work: Path, dump: Path, command: str, signum: int, ignore_sigint: bool = False) -> tuple[int, str]:
-    """Start `command` on the dump, send `signum` once it is mid-run; its exit code and stderr."""
-    args = [str(a) for a in COMMANDS[command](dump, work)]
+def _interrupt(work: Path, dump: Path, command: str, signum: int, ignore_sigint: bool = False,
+               args: list[str] | None = None, workers: bool = False) -> tuple[int, str, list[int]]:
+    """Start `command` on the dump (or `mismatch ARGS`), send `signum` once it is mid-run (and, with `workers`, has
+    started its worker processes); its exit code, stderr and the workers it had."""
+    args = args or [str(a) for a in COMMANDS[command](dump, work)]
 
     def ignore() -> None:  # what a script's background job (`mismatch ... &`) inherits
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -50,18 +52,20 @@ def _interrupt(work: Path, dump: Path, command: str, signum: int, ignore_sigint:
                             preexec_fn=ignore if ignore_sigint else None)
     try:
         deadline = time.monotonic() + 60
-        while not held.exists() and proc.poll() is None and time.monotonic() < deadline:
+        while (not held.exists() or (workers and not _children(proc.pid))) and proc.poll() is None \
+                and time.monotonic() < deadline:
             time.sleep(0.02)
         assert held.exists() and proc.poll() is None, ("the run never reached its first batch", proc.poll())
         if command == "convert":  # its temporary output is open: the signal must remove it
             assert any(p.name.startswith(".") for p in work.iterdir()), list(work.iterdir())
+        started = _children(proc.pid) if workers else []
         proc.send_signal(signum)
         _, stderr = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    return proc.returncode, stderr
+    return proc.returncode, stderr, started
 
 
 def _assert_stopped_cleanly(code: int, stderr: str, expected: int, name: str, work: Path) -> None:
@@ -82,7 +86,7 @@ def test_a_signal_mid_run_leaves_nothing(tmp_path: Path, dump: Path, command: st
                                          name: str) -> None:
     work = tmp_path / "work"
     work.mkdir()
-    returncode, stderr = _interrupt(work, dump, command, signum)
+    returncode, stderr, _ = _interrupt(work, dump, command, signum)
     _assert_stopped_cleanly(returncode, stderr, code, name, work)
 
 
@@ -91,7 +95,7 @@ def test_sigint_stops_a_run_whose_parent_ignored_it(tmp_path: Path, dump: Path) 
     # ignored; `kill -INT` must still stop it, and its temporary file must go.
     work = tmp_path / "work"
     work.mkdir()
-    returncode, stderr = _interrupt(work, dump, "convert", signal.SIGINT, ignore_sigint=True)
+    returncode, stderr, _ = _interrupt(work, dump, "convert", signal.SIGINT, ignore_sigint=True)
     _assert_stopped_cleanly(returncode, stderr, 130, "SIGINT", work)
 
 
@@ -144,28 +148,14 @@ def _children(pid: int) -> list[int]:
 def test_a_signal_stops_every_worker_of_jobs(tmp_path: Path, dump: Path) -> None:
     # A worker stopped mid-item must not outlive the run: one left blocked writing its state to a pipe nobody reads
     # kept its memory until it was killed by hand. (SIGTERM takes the same path in the parent: its `except`.)
-    signum, code, name = signal.SIGINT, 130, "SIGINT"
     work = tmp_path / "work"
     work.mkdir()
     second = tmp_path / "second.parquet"
     second.write_bytes(dump.read_bytes())  # two files: two work items, so a worker takes one
-    held = tmp_path / "held"
-    proc = subprocess.Popen([sys.executable, "-m", "mismatch_cli", "analyze", str(dump), str(second), "--jobs", "2",
-                             "--out-dir", str(work / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**subprocess_env(), HOLD_ENV: str(held)}, cwd=work)
-    try:
-        deadline = time.monotonic() + 60
-        while not (held.exists() and _children(proc.pid)) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        workers = _children(proc.pid)
-        assert held.exists() and workers and proc.poll() is None, "the run never reached its first batch"
-        proc.send_signal(signum)
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    _assert_stopped_cleanly(proc.returncode, stderr, code, name, work)
+    args = ["analyze", str(dump), str(second), "--jobs", "2", "--out-dir", str(work / "out")]
+    returncode, stderr, workers = _interrupt(work, dump, "analyze", signal.SIGINT, args=args, workers=True)
+    assert workers, "no worker had started"
+    _assert_stopped_cleanly(returncode, stderr, 130, "SIGINT", work)
     deadline = time.monotonic() + 10
     while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
