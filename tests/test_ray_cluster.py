@@ -1,5 +1,6 @@
 """`--engine ray` on a real multi-process Ray cluster (a head and a worker node started with `ray start`),
-reading dumps from a local S3 server: the local engine's metrics, to float64 summation order.
+reading dumps from a local S3 server: the local engine's metrics, steps, rounds and bootstrap intervals under IS and
+two RS options, to float64 summation order.
 
 Marked `cluster` (deselect with `-m 'not cluster'`); it runs by default, in `.ci/run` too.
 """
@@ -27,7 +28,6 @@ pytest.importorskip("moto", reason="the cluster test reads from a moto S3 server
 from adversarial.conftest import mismatch  # noqa: E402
 from object_store import BUCKET, free_port, store  # noqa: E402
 
-from mismatch_cli.api import analyze  # noqa: E402
 from mismatch_cli.synth import SynthSpec, write_synthetic_dump  # noqa: E402
 
 pytestmark = pytest.mark.cluster
@@ -111,11 +111,16 @@ def test_ray_cluster_over_the_object_store_equals_local(tmp_path) -> None:
             write_synthetic_dump(path, SynthSpec(tokens=20_000, turns=2, seed=i, steps=2, row_group_tokens=5_000))
             files.append(path)
             server.upload(path, f"cluster/part{i}.parquet")
-        local = json.loads(analyze([str(p) for p in files], group_by=("step",), device="cpu", dtype="float64",
-                                   bootstrap=0).to_json())
+        # IS, two RS options and the bootstrap: every accumulator's state crosses the cluster and merges.
+        flags = ["--by", "step", "--dtype", "float64", "--bootstrap", "50", "--is", "token", "--is-threshold", "2.0",
+                 "--rs", "seq_mean_k1,token_k3", "--rs-threshold", "0.99_1.01,0.5", "--format", "json", "--quiet"]
+        # The local engine over the same objects: a row's bootstrap draws follow its input's name, so the intervals
+        # are compared between runs of the same URIs.
+        here = mismatch("analyze", f"s3://{BUCKET}/cluster/", *flags, env=server.env, timeout=120)
+        assert here.code == 0, here.stderr[-3000:]
+        local = json.loads(here.stdout)
         with ray_cluster(tmp_path) as address:
-            run = mismatch("analyze", f"s3://{BUCKET}/cluster/", "--engine", "ray", "--ray-address", address,
-                           "--by", "step", "--dtype", "float64", "--bootstrap", "0", "--format", "json", "--quiet",
+            run = mismatch("analyze", f"s3://{BUCKET}/cluster/", "--engine", "ray", "--ray-address", address, *flags,
                            env=server.env, timeout=400)
     assert run.code == 0, run.stderr[-3000:]
     remote = json.loads(run.stdout)
@@ -127,6 +132,9 @@ def test_ray_cluster_over_the_object_store_equals_local(tmp_path) -> None:
     for mine, theirs in zip(local["steps"], remote["steps"], strict=True):
         for key, value in mine["metrics"].items():
             _close(theirs["metrics"][key], value, key)
+    assert remote["intervals"].keys() == local["intervals"].keys() and local["intervals"]
+    for key, (low, high) in local["intervals"].items():
+        assert remote["intervals"][key] == pytest.approx([low, high], rel=1e-9, abs=1e-14), key
     assert len(remote["rounds"]) == len(local["rounds"]) >= 2
     print(f"cluster test: {time.monotonic() - started:.1f} s")
 
