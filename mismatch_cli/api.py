@@ -135,27 +135,33 @@ def _run_local(files: Sequence[InputFile], read_options: ReadOptions, resolved: 
                jobs: int, names: tuple[str, ...], on_batch: Callable[[Any], None] | None) -> Any:
     """The local engine: worker processes, or this one (item by item on the CPU, streaming on a GPU)."""
     if jobs > 1:
-        from mismatch_cli.engine.kernels.sweep import worth_it
-        from mismatch_cli.engine.partial import PartialSpec
         from mismatch_cli.processes import run_on_processes
 
-        spec = PartialSpec(resolved, dtype, by_step, rounds, tuple(group_by), bootstrap,
-                           fused=worth_it(sum(f.bytes for f in files)))
-        return run_on_processes(files, read_options, spec, jobs, names, on_batch)
+        return run_on_processes(files, read_options, _spec(files, resolved, dtype, by_step, rounds, group_by,
+                                                           bootstrap), jobs, names, on_batch)
     # closing(): an error in the engine stops the read-ahead threads now, not when the iterator is collected.
     with closing(iter_item_batches(files, read_options, workers=read_workers)) as tagged:
         # torch is imported only when analysis really runs, while the read-ahead threads read the first batches
-        from mismatch_cli.engine.kernels.sweep import worth_it
-        from mismatch_cli.engine.runner import resolve_device, run, run_items
+        from mismatch_cli.engine.distributed import fold_items
+        from mismatch_cli.engine.runner import resolve_device, run
 
-        fused = worth_it(sum(f.bytes for f in files))
+        spec = _spec(files, resolved, dtype, by_step, rounds, group_by, bootstrap)
         observed = _observed(tagged, on_batch) if on_batch is not None else tagged
         if resolve_device(device).type == "cpu":
-            return run_items(observed, resolved, dtype=dtype, by_step=by_step, source_names=names, rounds=rounds,
-                             group_by=group_by, bootstrap=bootstrap, fused=fused)
+            return fold_items(observed, spec, names)
         # On a GPU the batches of one file join into large device chunks across work items.
         return run((batch for _, batch in observed), resolved, device=device, dtype=dtype, by_step=by_step,
-                   source_names=names, rounds=rounds, group_by=group_by, bootstrap=bootstrap, fused=fused)
+                   source_names=names, rounds=rounds, group_by=group_by, bootstrap=bootstrap, fused=spec.fused)
+
+
+def _spec(files: Sequence[InputFile], resolved: ResolvedCorrection, dtype: str, by_step: bool, rounds: bool,
+          group_by: tuple[str, ...], bootstrap: int) -> Any:
+    """What every partial state of this run is built with (the fused CPU sweep where the input is large enough)."""
+    from mismatch_cli.engine.kernels.sweep import worth_it
+    from mismatch_cli.engine.partial import PartialSpec
+
+    return PartialSpec(resolved, dtype, by_step, rounds, tuple(group_by), bootstrap,
+                       fused=worth_it(sum(f.bytes for f in files)))
 
 
 def _observed(tagged: Any, on_batch: Callable[[Any], None]) -> Iterator[Any]:

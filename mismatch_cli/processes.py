@@ -2,7 +2,7 @@
 
 The work items are the read-ahead planner's (io.parallel.plan); each worker reads, decodes, validates and folds
 one item into a partial state (engine/distributed.py's partial_state, one torch thread each) and the parent
-merges the states in input order, as the in-process engine does item by item (engine/runner.run_items), so the
+merges the states in input order, as the in-process engine does item by item (engine/distributed.fold_items), so the
 numbers are the same bit for bit however many processes ran. At most 2 x N items are in flight, so the parent
 holds a bounded number of pickled states. On Linux the workers are forked once the engine and its kernels are loaded
 (a fork server or spawn elsewhere); they leave Ctrl-C to the parent, which stops them. The Ray engine stays the way

@@ -3,12 +3,13 @@
 A worker turns the Batches of one work item into a pickled partial `Analysis`; the driver merges the
 states in input order. Nothing here reads files or knows Ray: `mismatch_cli/distributed.py` (Ray) and
 `mismatch_cli/processes.py` (`--jobs N`) plan the work, read it on the workers and call these two functions.
-The local engine folds the same work items the same way (runner.run_items), so the numbers are the same
-bit for bit.
+The one-process CPU path folds the same work items the same way (fold_items), so the numbers are the same
+bit for bit however many processes ran.
 """
 
 from __future__ import annotations
 
+import itertools
 import pickle
 from collections.abc import Iterable
 
@@ -16,7 +17,7 @@ import torch
 
 from mismatch_cli.batch import Batch
 from mismatch_cli.engine.partial import PartialSpec
-from mismatch_cli.engine.runner import Analysis, EngineResult, merged
+from mismatch_cli.engine.runner import Analysis, EngineResult
 
 
 def _empty(spec: PartialSpec) -> Analysis:
@@ -47,5 +48,19 @@ def merge_states(states: Iterable[bytes | Analysis], spec: PartialSpec,
     """Merge partial states (pickled, or folded in this process) in the given (input) order and finish."""
     total: Analysis | None = None
     for state in states:
-        total = merged(total, pickle.loads(state) if isinstance(state, bytes) else state)
+        part = pickle.loads(state) if isinstance(state, bytes) else state
+        if total is None:
+            total = part
+        else:
+            total.merge(part)
     return (total if total is not None else _empty(spec)).finish(source_names)
+
+
+def fold_items(tagged: Iterable[tuple[int, Batch]], spec: PartialSpec,
+               source_names: tuple[str, ...] = ()) -> EngineResult:
+    """One process's run over batches tagged with their work item's index: a partial state per item, merged in input
+    order, as `--jobs N` workers and the Ray engine fold them (one torch thread)."""
+    torch.set_num_threads(1)
+    items = itertools.groupby(tagged, key=lambda pair: pair[0])
+    return merge_states((fold_partial((batch for _, batch in group), spec)[0] for _, group in items), spec,
+                        source_names)

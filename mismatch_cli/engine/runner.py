@@ -345,50 +345,6 @@ def run(
     return analysis.finish(source_names)
 
 
-def run_items(
-    tagged: Iterable[tuple[int, Batch]],
-    correction: ResolvedCorrection,
-    dtype: str = "float32",
-    by_step: bool = False,
-    threads: int | None = 1,
-    source_names: tuple[str, ...] = (),
-    rounds: bool = True,
-    group_by: tuple[str, ...] = (),
-    bootstrap: int = DEFAULT_REPLICATES,
-    fused: bool = False,
-) -> EngineResult:
-    """`run` on the CPU with one partial state per work item (batches tagged with their item's index), merged in
-    input order: the arithmetic of `--jobs N` worker processes and of the Ray engine, so all three agree bit for
-    bit (engine/distributed.py's partial_state folds one item the same way)."""
-    if threads:
-        torch.set_num_threads(threads)
-
-    def fresh() -> Analysis:
-        return Analysis(correction, torch.device("cpu"), dtype, by_step, rounds, group_by, bootstrap, fused=fused)
-
-    total: Analysis | None = None
-    part: Analysis | None = None
-    current = None
-    for index, batch in tagged:
-        if index != current:
-            total = merged(total, part)
-            part, current = fresh(), index
-        part.update(batch)  # type: ignore[union-attr]
-    total = merged(total, part)
-    return (total if total is not None else fresh()).finish(source_names)
-
-
-def merged(total: Analysis | None, part: Analysis | None) -> Analysis | None:
-    """`part` folded into `total` (the first part becomes the total)."""
-    if part is None:
-        return total
-    if total is None:
-        part.flush()
-        return part
-    total.merge(part)
-    return total
-
-
 def _label_order(item: tuple[Any, Any]) -> tuple[bool, Any]:
     # Labels of one column are all int or all str, except when inputs disagree: ints first then.
     label = item[0]
