@@ -10,3 +10,9 @@ import torch
 # Triton reads this once, when it is first imported, so it is set before any test can import it.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    """Start the cluster test first: it waits on its Ray nodes for half a minute, which the other worker fills with
+    the rest of the suite, instead of running alone in the suite's tail."""
+    items.sort(key=lambda item: item.get_closest_marker("cluster") is None)
