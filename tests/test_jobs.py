@@ -110,3 +110,25 @@ def test_one_work_item_starts_no_worker(dumps: list[str], monkeypatch: pytest.Mo
 
     monkeypatch.setattr(processes, "ProcessPoolExecutor", no_pool)
     assert report(dumps[:1], jobs=4) == report(dumps[:1], jobs=1)
+
+
+def test_a_pickled_state_does_not_grow_with_the_tokens_it_folded(tmp_path: Path) -> None:
+    # A worker's state crosses a pipe per work item: it holds sums, sketches and the best tokens, never the
+    # per-position layouts of the chunks it folded (the worst-token candidates are placed before pickling).
+    import pickle
+
+    from mismatch_cli.correction import resolve
+    from mismatch_cli.engine.distributed import fold_partial
+    from mismatch_cli.engine.partial import PartialSpec
+    from mismatch_cli.io import ReadOptions, read_work_item
+    from mismatch_cli.io.parallel import WorkItem
+
+    sizes = []
+    for tokens in (40_000, 150_000):
+        path = tmp_path / f"d{tokens}.parquet"
+        write_synthetic_dump(path, SynthSpec(tokens=tokens, turns=2, seed=3, steps=1, row_group_tokens=10_000))
+        state, rows = fold_partial(read_work_item(WorkItem(str(path), "parquet"), ReadOptions()),
+                                   PartialSpec(resolve(CorrectionConfig()), fused=True))
+        assert rows
+        sizes.append(len(pickle.dumps(state.overall.signatures.tokens)))  # the worst tokens' part
+    assert sizes[1] < 1.2 * sizes[0] < 10_000, sizes

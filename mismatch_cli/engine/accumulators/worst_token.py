@@ -126,6 +126,11 @@ class WorstTokens:
         if len(self.pending) >= PENDING:
             self.resolve()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickled state (a --jobs or Ray shard's) carries the best tokens, not up to PENDING chunks' layouts."""
+        self.resolve()
+        return dict(self.__dict__)
+
     def compute(self) -> dict[str, dict[str, Any] | None]:
         """Each kind's token as a fresh dict (None before any token)."""
         self.resolve()
