@@ -60,8 +60,8 @@ def parse_jobs(text: str | None) -> int | None:
 
 def resolve_jobs(jobs: int | None, files: Sequence[InputFile], device: str) -> int:
     """The worker processes a local CPU run uses: `jobs` as given (1 = in this process), or, when None, the usable
-    cores on an input of MIN_JOBS_BYTES or more (one per work item at most), and 1 below it or on a GPU (`auto`
-    takes one when torch sees it)."""
+    cores on an input of MIN_JOBS_BYTES or more, and 1 below it or on a GPU (`auto` takes one when torch sees it);
+    run_on_processes starts no more workers than there are work items."""
     if jobs is not None:
         if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
             raise UsageError(f"--jobs must be a whole number from 1 to {MAX_JOBS}, got {jobs!r}",
@@ -75,7 +75,7 @@ def resolve_jobs(jobs: int | None, files: Sequence[InputFile], device: str) -> i
         return 1
     if device == "auto" and gpu_visible():  # `auto` takes the GPU, which one process feeds
         return 1
-    return max(1, min(usable_cores(), len(plan(files))))
+    return max(1, usable_cores())  # not capped by plan(files) here: that would read every parquet footer twice
 
 
 def gpu_visible() -> bool:

@@ -99,9 +99,9 @@ def test_auto_keeps_the_gpu_when_torch_sees_one(dumps: list[str], monkeypatch: p
     monkeypatch.setattr(processes, "usable_cores", lambda: 4)
     monkeypatch.setattr(processes, "gpu_visible", lambda: True)
     assert resolve_jobs(None, files, "auto") == 1
-    assert resolve_jobs(None, files, "cpu") == min(4, len(parallel.plan(files)))
+    assert resolve_jobs(None, files, "cpu") == 4  # run_on_processes starts at most one worker per work item
     monkeypatch.setattr(processes, "gpu_visible", lambda: False)
-    assert resolve_jobs(None, files, "auto") == min(4, len(parallel.plan(files)))
+    assert resolve_jobs(None, files, "auto") == 4
 
 
 def test_one_work_item_starts_no_worker(dumps: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
