@@ -103,14 +103,10 @@ def __getattr__(name: str) -> Any:
 
 
 def iter_batches(files: Sequence[InputFile], options: ReadOptions, workers: int = 0) -> Iterator[Batch]:
-    """Stream every file's Batches in input order; `workers` > 0 reads ahead on that many threads from now on."""
-    check_options(options)
-    _check_formats(files)
-    if workers > 0:
-        from mismatch_cli.io.parallel import iter_batches_parallel
-
-        return _Guarded(iter_batches_parallel(files, options, _read_file, workers=workers))
-    return _Guarded(batch for file in files for batch in _read_file(file.path, file.format, options))
+    """Stream every file's Batches in input order; `workers` > 0 reads ahead on that many threads from now on
+    (iter_item_batches without the work items' indices; `close()` stops the readers)."""
+    tagged = iter_item_batches(files, options, workers)
+    return _Closing((batch for _, batch in tagged), tagged)
 
 
 def _check_formats(files: Sequence[InputFile]) -> None:
@@ -134,7 +130,8 @@ def iter_item_batches(files: Sequence[InputFile], options: ReadOptions, workers:
     if workers > 0:
         reader = ReadAhead(items, options, _read_file, workers, 4)
         return _Guarded(_Closing(tagged(reader), reader))
-    return _Guarded((index, batch) for index, item in enumerate(items) for batch in read_work_item(item, options))
+    return _Guarded((index, batch) for index, item in enumerate(items)
+                    for batch in _read_file(item.path, item.format, options, item.row_groups))
 
 
 class _Closing(Iterator[Any]):
