@@ -22,7 +22,7 @@ from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, discovery_w
 from mismatch_cli.io.discover import fingerprint_file
 from mismatch_cli.io.parallel import BackgroundHashes
 from mismatch_cli.io.remote import is_remote
-from mismatch_cli.processes import read_threads, resolve_jobs
+from mismatch_cli.processes import gpu_may_decide, read_threads, resolve_jobs
 from mismatch_cli.report import TOOL_NAME, InputSummary, Report
 from mismatch_cli.system.numbers import parse_integer
 from mismatch_cli.version import __version__
@@ -119,7 +119,7 @@ def analyze(
                                 group_by=group_by, bootstrap=bootstrap, address=ray_address, source_names=names)
         elif engine == "local":
             result = _run_local(files, read_options, resolved, device, dtype, by_step, rounds, group_by, bootstrap,
-                                read_workers or read_threads(), resolve_jobs(jobs, files, device), names, on_batch)
+                                read_workers or read_threads(), jobs, names, on_batch)
         else:
             raise UsageError(f"unknown engine '{engine}'", hint="use local or ray")
     except BaseException:
@@ -132,15 +132,26 @@ def analyze(
 
 def _run_local(files: Sequence[InputFile], read_options: ReadOptions, resolved: ResolvedCorrection, device: str,
                dtype: str, by_step: bool, rounds: bool, group_by: tuple[str, ...], bootstrap: int, read_workers: int,
-               jobs: int, names: tuple[str, ...], on_batch: Callable[[Any], None] | None) -> Any:
+               jobs: int | None, names: tuple[str, ...], on_batch: Callable[[Any], None] | None) -> Any:
     """The local engine: worker processes, or this one (item by item on the CPU, streaming on a GPU)."""
-    if jobs > 1:
+    early = None
+    if gpu_may_decide(jobs, files, device):  # asking torch takes its import: the readers start first
+        early = iter_item_batches(files, read_options, workers=read_workers)
+    try:
+        processes = resolve_jobs(jobs, files, device)
+    except BaseException:
+        if early is not None:
+            early.close()
+        raise
+    if processes > 1:
         from mismatch_cli.processes import run_on_processes
 
+        if early is not None:
+            early.close()  # no GPU after all: the read-ahead threads stop before the workers fork
         return run_on_processes(files, read_options, _spec(files, resolved, dtype, by_step, rounds, group_by,
-                                                           bootstrap), jobs, names, on_batch)
+                                                           bootstrap), processes, names, on_batch)
     # closing(): an error in the engine stops the read-ahead threads now, not when the iterator is collected.
-    with closing(iter_item_batches(files, read_options, workers=read_workers)) as tagged:
+    with closing(early or iter_item_batches(files, read_options, workers=read_workers)) as tagged:
         # torch is imported only when analysis really runs, while the read-ahead threads read the first batches
         from mismatch_cli.engine.distributed import fold_items
         from mismatch_cli.engine.runner import resolve_device, run

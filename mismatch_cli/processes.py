@@ -78,11 +78,33 @@ def resolve_jobs(jobs: int | None, files: Sequence[InputFile], device: str) -> i
     return max(1, usable_cores())  # not capped by plan(files) here: that would read every parquet footer twice
 
 
+GPU_DRIVER_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")  # NVIDIA's driver, AMD's (ROCm), WSL2's
+
+
+def gpu_driver_present() -> bool:
+    """Whether this machine has a GPU driver torch could use, without importing torch: its device node on Linux,
+    never on macOS (torch has no CUDA there), assumed elsewhere."""
+    if sys.platform == "darwin":
+        return False
+    if sys.platform.startswith("linux"):
+        return any(os.path.exists(node) for node in GPU_DRIVER_NODES)
+    return True
+
+
 def gpu_visible() -> bool:
-    """Whether torch sees a GPU (what `--device auto` takes); imports torch, so asked only of large inputs."""
+    """Whether torch sees a GPU (what `--device auto` takes); torch is imported only where a GPU driver is."""
+    if not gpu_driver_present():
+        return False
     import torch
 
     return torch.cuda.is_available()
+
+
+def gpu_may_decide(jobs: int | None, files: Sequence[InputFile], device: str) -> bool:
+    """Whether the processes of a run wait on torch's answer to "is there a GPU?" (`auto` on an input of
+    MIN_JOBS_BYTES or more, on a machine with a GPU driver), so that the caller reads ahead meanwhile."""
+    return (jobs is None and device == "auto" and sum(f.bytes for f in files) >= MIN_JOBS_BYTES
+            and gpu_driver_present())
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -225,4 +247,5 @@ def run_on_processes(files: Sequence[InputFile], read_options: ReadOptions, spec
             raise
 
 
-__all__ = ["MIN_JOBS_BYTES", "parse_jobs", "read_threads", "resolve_jobs", "run_on_processes", "usable_cores"]
+__all__ = ["MIN_JOBS_BYTES", "gpu_may_decide", "gpu_visible", "parse_jobs", "read_threads", "resolve_jobs",
+           "run_on_processes", "usable_cores"]

@@ -132,3 +132,44 @@ def test_a_pickled_state_does_not_grow_with_the_tokens_it_folded(tmp_path: Path)
         assert rows
         sizes.append(len(pickle.dumps(state.overall.signatures.tokens)))  # the worst tokens' part
     assert sizes[1] < 1.2 * sizes[0] < 10_000, sizes
+
+
+@pytest.mark.parametrize("torch_sees_a_gpu", [False, True])
+def test_auto_reads_ahead_while_torch_looks_for_the_gpu(dumps: list[str], monkeypatch: pytest.MonkeyPatch,
+                                                        torch_sees_a_gpu: bool) -> None:
+    # On a machine with a GPU driver, `auto` on a large input asks torch (its import, a second or two) whether it
+    # sees the GPU: the readers run meanwhile, and stop before any worker forks when it does not.
+    import threading
+
+    def readers() -> int:
+        return sum(t.name.startswith("mismatch-read") and t.is_alive() for t in threading.enumerate())
+
+    seen: dict[str, int] = {}
+
+    def gpu_visible() -> bool:
+        seen["asked"] = readers()
+        return torch_sees_a_gpu
+
+    real = processes.run_on_processes
+
+    def run_on_processes(*args: object, **kwargs: object) -> object:
+        seen["forked"] = readers()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(processes, "MIN_JOBS_BYTES", 0)
+    monkeypatch.setattr(processes, "usable_cores", lambda: 2)
+    monkeypatch.setattr(processes, "gpu_driver_present", lambda: True)
+    monkeypatch.setattr(processes, "gpu_visible", gpu_visible)
+    monkeypatch.setattr(processes, "run_on_processes", run_on_processes)
+    assert report(dumps, None) == report(dumps, 1)
+    assert seen["asked"] > 0  # the readers were reading while torch was asked
+    assert seen.get("forked", 0) == 0 and ("forked" in seen) != torch_sees_a_gpu  # none left when workers fork
+
+
+def test_no_gpu_driver_means_no_torch_import_to_ask() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, mismatch_cli.processes as p; p.gpu_driver_present = lambda: False; "
+            "assert p.gpu_visible() is False; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
