@@ -126,6 +126,11 @@ class BatchAccumulator:
             else:
                 mine.update(chunk, decisions)
 
+    def pack(self) -> None:
+        """Shrink every accumulator's state while nothing updates it (a breakdown state at rest)."""
+        for accumulator in self.accumulators:
+            accumulator.pack()
+
     def merge(self, other: BatchAccumulator) -> None:
         """Fold the state of another shard of the same batch into this one."""
         for mine, theirs in zip(self.accumulators, other.accumulators, strict=True):

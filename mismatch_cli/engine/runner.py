@@ -29,6 +29,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 EXAMPLES_PER_CATEGORY = 3  # first flagged tokens kept per data-quality category and file
+PACK_AFTER = 16  # breakdown states (steps, groups) past which those at rest are packed (a run's history: 1000s)
 
 
 @dataclass
@@ -131,6 +132,7 @@ class Analysis:
         self.per_group: dict[str, dict[Any, BatchAccumulator]] = {column: {} for column in group_by}
         self.sources: dict[str, SourceStats] = {}
         self.any_rows = False
+        self._awake: dict[int, BatchAccumulator] = {}  # breakdown states updated since they were last packed
         # On a GPU, consecutive reader batches of one file are joined into chunks of up to
         # DEVICE_CHUNK_POSITIONS positions before they go to the device; the CPU folds each as it comes.
         self.join_batches = device.type != "cpu"
@@ -199,14 +201,20 @@ class Analysis:
                 start_token_sums(part)
                 shared = self._breakdown()
                 self.overall.update_from(part, shared, shared.update(part))
-                for (states, _), label in zip(columns, labels_of_part, strict=True):
-                    self._state(states, label).merge(shared)
-        else:  # a family reads the rows' order: each group's rows are analyzed again as a batch of their own
+                touched = [self._state(states, label) for (states, _), label in zip(columns, labels_of_part,
+                                                                                    strict=True)]
+                for state in touched:
+                    state.merge(shared)
+                self._rest(touched, keep=len(touched))  # the states before this part's are at rest
+        elif columns:  # a family reads the rows' order: each group's rows are analyzed again as a batch of their own
             start_token_sums(chunk)
             self.overall.update(chunk)
+            touched = []
             for states, keys in columns:
                 for (label,), part in combined_parts(batch, [keys], bounded=False) or ():
-                    self._state(states, label).update(make_chunk(part, self.device, compute_dtype, self.fused))
+                    touched.append(self._state(states, label))
+                    touched[-1].update(make_chunk(part, self.device, compute_dtype, self.fused))
+            self._rest(touched, keep=0)
         if self.per_pack:
             pack = self.packs.setdefault(batch.source, FamilyAccumulator(self.correction.family_spec, self.device))
             pack.update(chunk, ChunkDecisions())
@@ -215,6 +223,18 @@ class Analysis:
         wanted = stats.wanted_examples(chunk.quality)
         if wanted:  # only chunks with flagged tokens pay for this, until the examples are collected
             stats.add_examples(quality_examples(batch, wanted, EXAMPLES_PER_CATEGORY))
+
+    def _rest(self, touched: list[BatchAccumulator], keep: int) -> None:
+        """Pack the breakdown states updated so far but the last `keep` of `touched` (the last part's, which the
+        next chunk most likely continues), once there are more than PACK_AFTER: a --by step state at rest holds
+        its occupied sketch buckets, not 3 MiB of counts."""
+        for state in touched:
+            self._awake[id(state)] = state
+        if len(self.per_step) + sum(map(len, self.per_group.values())) <= PACK_AFTER:
+            return
+        busy = {id(state) for state in touched[len(touched) - keep:]}
+        for key in [key for key in self._awake if key not in busy]:
+            self._awake.pop(key).pack()
 
     def _parts(self, batch: Batch, keys: list[np.ndarray]) -> list[tuple[tuple[Any, ...], Batch]] | None:
         """The batch's rows as parts of one label in every column, each to be folded once: its runs of
@@ -268,6 +288,9 @@ class Analysis:
                     mine[label].merge(accumulator)
                 else:
                     mine[label] = accumulator
+        self._rest([*(self.per_step[step] for step in other.per_step),
+                    *(self.per_group[column][label] for column, states in other.per_group.items() for label in states)],
+                   keep=0)
         for source, stats in other.sources.items():
             target = self.sources.setdefault(source, SourceStats())
             target.add(stats.sequences, stats.quality)
@@ -308,9 +331,10 @@ class Analysis:
                 f"{what}, so the effective sample size is undefined (verl crashes with ZeroDivisionError here)",
                 hint="widen --is-threshold (e.g. 0.5_5.0 or 2.0)",
             )
-        steps = {step: acc.compute() for step, acc in sorted(self.per_step.items())}
+        many = len(self.per_step) + sum(map(len, self.per_group.values())) > PACK_AFTER
+        steps = {step: _computed(acc, many) for step, acc in sorted(self.per_step.items())}
         groups = {
-            column: {label: acc.compute() for label, acc in sorted(accumulators.items(), key=_label_order)}
+            column: {label: _computed(acc, many) for label, acc in sorted(accumulators.items(), key=_label_order)}
             for column, accumulators in self.per_group.items()
         }
         return EngineResult(overall=result, steps=steps, sources=self.sources, device=str(self.device),
@@ -343,6 +367,14 @@ def run(
     for batch in batches:
         analysis.update(batch)
     return analysis.finish(source_names)
+
+
+def _computed(state: BatchAccumulator, pack: bool) -> BatchResult:
+    """A breakdown state's result; packed again after, when there are many (computing unpacks its counts)."""
+    result = state.compute()
+    if pack:
+        state.pack()
+    return result
 
 
 def _label_order(item: tuple[Any, Any]) -> tuple[bool, Any]:

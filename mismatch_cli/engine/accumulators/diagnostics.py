@@ -22,7 +22,7 @@ from mismatch_cli.engine.core.formulas import ess
 from mismatch_cli.engine.core.protocol import DIAG_PREFIX, Accumulator, ChunkDecisions, Contribution, finite_or_none
 from mismatch_cli.engine.core.state import F64, Reducer
 from mismatch_cli.engine.kernels.ops import bincount, count, numpy_kernels, scratch, segment_sum
-from mismatch_cli.engine.kernels.sketch import NUM_BUCKETS, SHIFT
+from mismatch_cli.engine.kernels.sketch import NUM_BUCKETS, SHIFT, PackableCounts, pack
 from mismatch_cli.engine.kernels.sweep import TokenSums
 
 SIGNED_LEVELS = (0.001, 0.01, 0.1, 0.5, 0.9, 0.99, 0.999)
@@ -240,14 +240,18 @@ class DiagnosticsAccumulator(Accumulator):
     """Token-mean |delta|, bias, probability-space diffs, sketches, ESS both ways, and the counts."""
 
     late = True  # reads the fused sweep (signatures.token_sums)
+    counts, row_counts = PackableCounts(), PackableCounts()
 
     def __init__(self, device: torch.device) -> None:
         self.state = Reducer(device)
-        # Sketch counts of delta: [0, NUM_BUCKETS) hold delta >= 0 by |delta| bucket, the rest delta < 0.
-        self.counts = torch.zeros(2 * NUM_BUCKETS, dtype=torch.int64, device=device)
-        self.row_counts = torch.zeros(2 * NUM_BUCKETS, dtype=torch.int64, device=device)  # the same for S_i
+        # Sketch counts of delta, then of the rows' S_i: [0, NUM_BUCKETS) hold >= 0 by |value| bucket, the rest < 0.
+        self.counts, self.row_counts = (torch.zeros(2 * NUM_BUCKETS, dtype=torch.int64, device=device) for _ in "ab")
         self.prob = PairSums(device)
         self.positions = PositionProfile(device)
+
+    def pack(self) -> None:
+        """Keep both sketches as their occupied buckets while nothing updates them (a breakdown state at rest)."""
+        pack(self, "counts", "row_counts")
 
     def update(self, chunk: Chunk, decisions: ChunkDecisions) -> None:
         """Fold one chunk of whole sequences into the state."""
@@ -323,7 +327,7 @@ class DiagnosticsAccumulator(Accumulator):
         self.positions.merge(other.positions)
 
     @staticmethod
-    def _counts(counts: torch.Tensor) -> np.ndarray:
+    def _as_numpy(counts: torch.Tensor) -> np.ndarray:
         return counts.cpu().numpy().reshape(2, NUM_BUCKETS)
 
     def compute(self) -> Contribution:
@@ -337,7 +341,7 @@ class DiagnosticsAccumulator(Accumulator):
         tokens = s.get("tokens") or math.nan  # no valid token: every mean is undefined
         mean_ratio = s.get("sum_ratio") / (tokens + 1e-8)
         mean_ratio_sq = s.get("sum_ratio_sq") / (tokens + 1e-8)
-        counts = self._counts(self.counts)
+        counts = self._as_numpy(self.counts)
         signed = quantiles_from_counts(*signed_counts(counts), levels=tuple(SIGNED_KEYS.values()))
         absolute = quantiles_from_counts(counts.sum(axis=0), bucket_values(), levels=tuple(ABS_KEYS.values()))
         quantile = dict(zip([*SIGNED_KEYS, *ABS_KEYS], signed + absolute, strict=True))
@@ -367,10 +371,10 @@ class DiagnosticsAccumulator(Accumulator):
 
     def quantiles(self) -> dict[str, object]:
         """A richer quantile ladder of delta and |delta| for the report (keys are the levels as strings)."""
-        counts = self._counts(self.counts)
+        counts = self._as_numpy(self.counts)
         signed = quantiles_from_counts(*signed_counts(counts), levels=SIGNED_LEVELS)
         absolute = quantiles_from_counts(counts.sum(axis=0), bucket_values(), levels=ABS_LEVELS)
-        rows = self._counts(self.row_counts)
+        rows = self._as_numpy(self.row_counts)
         row_signed = quantiles_from_counts(*signed_counts(rows), levels=SIGNED_LEVELS)
         return {
             "relative_error": SKETCH_RELATIVE_ERROR,
@@ -382,8 +386,8 @@ class DiagnosticsAccumulator(Accumulator):
     def histograms(self) -> dict[str, object]:
         """Compact histograms for the plots: delta per token, S_i per valid row, |delta| by position."""
         return {
-            "log_ratio": signed_histogram(self._counts(self.counts)),
-            "sequence_log_ratio_sum": signed_histogram(self._counts(self.row_counts)),
+            "log_ratio": signed_histogram(self._as_numpy(self.counts)),
+            "sequence_log_ratio_sum": signed_histogram(self._as_numpy(self.row_counts)),
             "position": self.positions.compute(),
         }
 

@@ -66,6 +66,10 @@ class RoundTable:
         self.rows[:size] += other.rows.to(self.rows.device)
         self.sketch.merge(other.sketch)
 
+    def pack(self) -> None:
+        """Keep the round sketch's counts as their occupied buckets while nothing updates them."""
+        self.sketch.pack()
+
     def compute(self, total_abs: float, has_is: bool, has_rs: bool, label: str) -> list[dict[str, float | None]]:
         """One mapping per round index; means are null for a round with no valid token."""
         sums = self.sums.cpu().tolist()
@@ -185,6 +189,11 @@ class RoundsAccumulator(Accumulator):
         self.max_rounds = max(self.max_rounds, other.max_rounds)
         self.has_is |= other.has_is
         self.has_rs |= other.has_rs
+
+    def pack(self) -> None:
+        """Keep both tables' sketch counts as their occupied buckets while nothing updates them."""
+        self.from_start.pack()
+        self.from_end.pack()
 
     def compute(self) -> Contribution:
         """`diag/rounds`, verl PR #5229's `per_round/` keys, the per-round table and the one indexed from the end."""

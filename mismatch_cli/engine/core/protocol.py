@@ -105,6 +105,9 @@ class Accumulator(ABC):
     def compute(self) -> Contribution:
         """The metrics and tables this state stands for."""
 
+    def pack(self) -> None:  # noqa: B027 - optional: most states are a few numbers
+        """Shrink the state while nothing updates it (its large count arrays to their occupied entries)."""
+
 
 def finite_or_none(value: float | None) -> float | None:
     """A reported value: the number, or None where it is undefined, overflowed or its input is absent."""

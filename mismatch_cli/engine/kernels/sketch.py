@@ -21,6 +21,47 @@ SHIFT = 16
 NUM_BUCKETS = 1 << (31 - SHIFT)  # sign bit is 0 for non-negative values
 
 
+class PackedCounts:
+    """A count tensor kept as its occupied entries while nothing updates it: a breakdown state at rest (a step
+    of a run's history) holds a few thousand occupied buckets, not 2^16 to 2^18 zeros. Exact: counts are ints."""
+
+    def __init__(self, dense: torch.Tensor) -> None:
+        flat = dense.reshape(-1)
+        self.index = torch.nonzero(flat).reshape(-1)
+        self.values = flat.index_select(0, self.index)
+        self.shape, self.dtype = dense.shape, dense.dtype
+
+    def unpack(self) -> torch.Tensor:
+        """The dense tensor again (on the device its entries are on)."""
+        dense = torch.zeros(self.shape.numel(), dtype=self.dtype, device=self.values.device)
+        return dense.index_copy_(0, self.index, self.values).reshape(self.shape)
+
+
+class PackableCounts:
+    """A count-tensor attribute that `pack` may hold as a PackedCounts, unpacked again when it is next read."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, instance: object, owner: type | None = None) -> torch.Tensor:
+        value = getattr(instance, self.slot)
+        if isinstance(value, PackedCounts):
+            value = value.unpack()
+            setattr(instance, self.slot, value)
+        return value
+
+    def __set__(self, instance: object, value: torch.Tensor) -> None:
+        setattr(instance, self.slot, value)
+
+
+def pack(instance: object, *names: str) -> None:
+    """Hold these PackableCounts attributes of `instance` as their occupied entries until they are next read."""
+    for name in names:
+        value = getattr(instance, "_" + name)
+        if isinstance(value, torch.Tensor) and value.numel():
+            setattr(instance, "_" + name, PackedCounts(value))
+
+
 class LogSketch:
     """Per-group bucket counts of non-negative values; groups (e.g. round indices) grow on demand."""
 
@@ -133,6 +174,12 @@ class GroupedSketch:
         self.counts = torch.zeros(0, dtype=torch.int64, device=device)
         self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.pending_size = 0
+
+    dense = PackableCounts()  # the first rounds' count rows, [groups, NUM_BUCKETS]
+
+    def pack(self) -> None:
+        """Keep the dense rows as their occupied buckets until the next update, merge or quantile."""
+        pack(self, "dense")
 
     def _grow(self, groups: int) -> None:
         groups = min(groups, DENSE_GROUPS)

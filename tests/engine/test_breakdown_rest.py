@@ -1,0 +1,77 @@
+"""Breakdown states at rest (a run's history under --by step: one state per step) keep their sketch counts as the
+occupied buckets only: the numbers do not change, the memory does."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+import mismatch_cli.engine.runner as runner
+import mismatch_cli.io.parallel as parallel
+from mismatch_cli.api import analyze
+from mismatch_cli.correction import CorrectionConfig, resolve
+from mismatch_cli.engine.kernels.sketch import PackedCounts
+from mismatch_cli.engine.runner import Analysis
+from mismatch_cli.io import ReadOptions, discover_inputs, iter_batches
+from mismatch_cli.synth import SynthSpec, write_synthetic_dump
+
+
+@pytest.fixture(scope="module")
+def many_steps(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("steps") / "steps.parquet"
+    write_synthetic_dump(path, SynthSpec(tokens=150_000, turns=3, seed=5, steps=60, row_group_tokens=20_000,
+                                         catastrophic_rate=1e-4))
+    return str(path)
+
+
+def test_packed_counts_unpack_to_the_same_tensor() -> None:
+    generator = torch.Generator().manual_seed(3)
+    dense = torch.randint(0, 5, (4, 1000), generator=generator) * (torch.rand(4, 1000, generator=generator) < 0.02)
+    packed = PackedCounts(dense)
+    assert packed.index.numel() == int((dense != 0).sum())
+    assert torch.equal(packed.unpack(), dense) and packed.unpack().dtype == dense.dtype
+
+
+def _report(path: str, **kwargs: object) -> str:
+    data = analyze([path], hash_inputs=False, by_step=True, bootstrap=0, **kwargs).to_dict()
+    data.pop("created_at")
+    return json.dumps(data, sort_keys=True)
+
+
+def test_resting_steps_change_no_number(many_steps: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parallel, "ITEM_BYTES", 300_000)  # several work items, merged with packed states
+    packed = _report(many_steps, jobs=1)
+    two = _report(many_steps, jobs=2)
+    monkeypatch.setattr(runner, "PACK_AFTER", 10**9)
+    dense = _report(many_steps, jobs=1)
+    assert len(json.loads(dense)["steps"]) == 60
+    assert packed == dense == two
+
+
+def test_steps_at_rest_hold_their_occupied_buckets_only(many_steps: str) -> None:
+    analysis = Analysis(resolve(CorrectionConfig()), torch.device("cpu"), by_step=True, bootstrap=0)
+    for batch in iter_batches(discover_inputs([many_steps]), ReadOptions(chunk_rows=64)):
+        analysis.update(batch)
+    resting = [state for state in analysis.per_step.values()
+               if isinstance(state.diagnostics._counts, PackedCounts)
+               and isinstance(state.rounds.from_start.sketch._dense, PackedCounts)]
+    assert len(resting) >= len(analysis.per_step) - 1 == 59  # all but the step the next chunk may continue
+    one = resting[0]
+    assert len(pickle.dumps(one)) < 300_000  # against 2.5 MiB of dense counts
+    before = one.compute().metrics
+    assert one.compute().metrics == before  # computing unpacks; the numbers stay
+    analysis.finish()
+
+
+def test_a_few_groups_are_never_packed(tmp_path: Path) -> None:
+    path = tmp_path / "few.parquet"
+    write_synthetic_dump(path, SynthSpec(tokens=40_000, turns=2, seed=1, steps=5, row_group_tokens=8_000))
+    analysis = Analysis(resolve(CorrectionConfig()), torch.device("cpu"), by_step=True, bootstrap=0)
+    for batch in iter_batches(discover_inputs([str(path)]), ReadOptions(chunk_rows=16)):
+        analysis.update(batch)
+    assert len(analysis.per_step) == 5
+    assert not any(isinstance(state.diagnostics._counts, PackedCounts) for state in analysis.per_step.values())
