@@ -173,3 +173,16 @@ def test_no_gpu_driver_means_no_torch_import_to_ask() -> None:
     code = ("import sys, mismatch_cli.processes as p; p.gpu_driver_present = lambda: False; "
             "assert p.gpu_visible() is False; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_jobs_after_a_fused_run_in_the_same_process_finish(dumps: list[str]) -> None:
+    # A long-lived process (a notebook, a service) that ran the fused CPU sweep and then forks --jobs workers: the
+    # workers must get a sweep thread of their own (a cached pool forked without its thread hung them for good).
+    import subprocess
+    import sys
+
+    code = ("import sys, mismatch_cli.io.parallel as p; from mismatch_cli.api import analyze; p.ITEM_BYTES = 200_000; "
+            "analyze(sys.argv[1:], jobs=1, hash_inputs=False, bootstrap=0); "
+            "assert analyze(sys.argv[1:], jobs=2, hash_inputs=False, bootstrap=0).metrics")
+    env = {**__import__("os").environ, "MISMATCH_FUSED": "always"}
+    subprocess.run([sys.executable, "-c", code, *dumps], check=True, timeout=60, env=env)

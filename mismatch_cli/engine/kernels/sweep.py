@@ -20,7 +20,7 @@ import os
 import threading
 import warnings
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -314,14 +314,22 @@ def candidates(abs_log_ratio: torch.Tensor, ratio_safe: torch.Tensor, bound: flo
     return torch.from_numpy(index[:found]), torch.tensor(rest[0]), torch.tensor(rest[1])
 
 
-@cache
-def _thread() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="mismatch-sweep")
-
-
 def start(*arguments: Any) -> Future[TokenSums]:
-    """`token_sums(*arguments)` on the sweep's own thread (the kernel releases the GIL), as a future."""
-    return _thread().submit(token_sums, *arguments)
+    """`token_sums(*arguments)` on a thread of its own (the kernel releases the GIL), as a future.
+
+    A thread per chunk (about 0.1 ms), not a cached pool: a process forked by --jobs inherits a pool without its
+    thread, and its futures would never complete.
+    """
+    future: Future[TokenSums] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(token_sums(*arguments))
+        except BaseException as error:  # noqa: BLE001 - handed to the waiting caller, which re-raises it
+            future.set_exception(error)
+
+    threading.Thread(target=run, daemon=True, name="mismatch-sweep").start()
+    return future
 
 
 __all__ = ["DERIVED", "LAYOUT_COUNTS", "OCTAVES", "OCTAVE_SHIFT", "POSITION_BIN", "SEGMENT_SUMS", "SKETCH_SIZE",
