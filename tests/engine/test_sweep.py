@@ -347,3 +347,24 @@ def test_the_k3_statistic_reuses_the_chunks_exp_only_where_nothing_is_clamped() 
         safe = chunk.log_ratio.clamp(-20, 20)
         verl = torch.exp(safe) - 1.0 - safe  # verl's expression, on the clamped values
         assert token_statistic(chunk, "k3").numpy().tobytes() == verl.numpy().tobytes()
+
+
+@pytest.mark.skipif(not sweep.available(), reason="numba is not installed")
+def test_segment_sums_are_the_same_on_a_process_first_call(tmp_path) -> None:
+    # With reassociated float64 sums, the first call of the segment kernel in a fresh process summed some rows of
+    # this chunk (a synth dump's first, 300k tokens over 4 turns) in another order than every later call: one ulp
+    # in log_ppl_diff between --jobs 1 and --jobs 2. The kernel now sums in token order.
+    from mismatch_cli.io import ReadOptions, discover_inputs, iter_batches
+    from mismatch_cli.synth import SynthSpec, write_synthetic_dump
+
+    write_synthetic_dump(tmp_path / "d.parquet", SynthSpec(tokens=300_000, turns=4, seed=3, steps=100))
+    batch = next(iter(iter_batches(discover_inputs([str(tmp_path / "d.parquet")]), ReadOptions())))
+    chunk = make_chunk(batch, torch.device("cpu"), torch.float32, False)
+    np.savez(tmp_path / "chunk.npz", old=chunk.old.numpy(), rollout=chunk.rollout.numpy(), ratio=chunk.ratio.numpy(),
+             lengths=chunk.runs.valid_tokens.numpy())
+    code = ("import sys, numpy as np; d = np.load(sys.argv[1]); from mismatch_cli.engine.kernels import sweep; "
+            "args = (d['old'], d['rollout'], d['ratio'], 2e-9, 5e8, d['lengths']); "
+            "first, second = (sweep.segment_sums(*args)[0] for _ in range(2)); "
+            "assert first.tobytes() == second.tobytes(), 'the first call summed differently'")
+    env = {**os.environ, "MISMATCH_FUSED": "always"}
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "chunk.npz")], check=True, timeout=120, env=env)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mismatch_cli.engine.kernels import sweep_kernels
 from mismatch_cli.engine.kernels.ops import numpy_kernels
 from mismatch_cli.engine.kernels.sketch import NUM_BUCKETS
 from mismatch_cli.engine.kernels.sweep_kernels import KERNELS, OCTAVE_SHIFT, OCTAVES, POSITION_BIN, SKETCH_SIZE
@@ -38,7 +39,7 @@ from mismatch_cli.engine.kernels.sweep_kernels import KERNELS, OCTAVE_SHIFT, OCT
 # inputs of this many bytes (~35M tokens of a float32 parquet dump); the decision is by input, never by chunk or
 # by what the process ran before, so one input always gives the same numbers.
 MIN_INPUT_BYTES = 1 << 28
-_VERSION = 15  # bump with any change to a kernel, so that the first run after an upgrade says it compiles
+_VERSION = 16  # bump with any change to a kernel, so that the first run after an upgrade says it compiles
 
 # The sums of old, rollout, the log-ratio, its magnitude, the safe ratio and its square are not here: the row-sum
 # kernel (SEGMENT_SUMS) takes them, and the accumulators read its totals (Chunk.total).
@@ -102,8 +103,9 @@ def _compiled(name: str) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # an unwritable cache folder: compile in memory, every run
             # reassoc lets LLVM reorder the float64 sums only; each token's float32 arithmetic stays as written
-            # (the bit-for-bit tests pin it).
-            kernel = numba.njit(signature(numba.types), cache=True, nogil=True, fastmath={"reassoc"})(function)
+            # (the bit-for-bit tests pin it). Not for STRICT_ORDER kernels (sweep_kernels.py says why).
+            fastmath = False if name in sweep_kernels.STRICT_ORDER else {"reassoc"}
+            kernel = numba.njit(signature(numba.types), cache=True, nogil=True, fastmath=fastmath)(function)
         try:
             marker.touch()
         except OSError:

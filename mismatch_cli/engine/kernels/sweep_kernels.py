@@ -2,7 +2,8 @@
 
 Plain Python over numpy arrays, in the subset numba compiles; this module imports neither numba nor torch.
 Each kernel's inner loops are kept simple enough for LLVM to vectorize them (float64 sums of float32 terms,
-reassociated); float32 differences, products and comparisons are taken as numpy and torch take them.
+reassociated, but for STRICT_ORDER's); float32 differences, products and comparisons are taken as numpy and torch
+take them.
 """
 
 from __future__ import annotations
@@ -36,8 +37,7 @@ def _segments_signature(types: Any) -> Any:
 def _segments(old, rollout, ratio, low, high, lengths, abs_out, safe_out, sq_out, k3_out, out) -> None:  # noqa: ANN001
     # The chunk's derived per-token tensors from old, rollout and torch's exp of their difference, each as torch
     # gives it in float32 (Chunk.abs_log_ratio, ratio_safe, ratio_safe_sq, k3; a NaN stays NaN through the clamp),
-    # and their sums per segment. Each segment's inner loop is one that LLVM vectorizes (reassociated float64 sums
-    # of float32 terms).
+    # and their sums per segment, in token order (STRICT_ORDER).
     one = np.float32(1.0)
     start = 0
     for row in range(lengths.shape[0]):
@@ -367,6 +367,11 @@ def _candidates(abs_log_ratio, ratio, bound, index, rest) -> int:  # noqa: ANN00
     rest[1] = s2
     return k
 
+
+# Kernels compiled without reassociation: with it, the first call of the segment sums in a process summed some
+# rows in another order than every later call on the same inputs (one ulp in log_ppl_diff between --jobs 1 and
+# --jobs 2, 2026-11-28). Their float64 sums run in token order.
+STRICT_ORDER = frozenset({"segments"})
 
 # name -> (kernel, its numba signature from numba.types)
 KERNELS = {"sweep": (_sweep, _sweep_signature), "segments": (_segments, _segments_signature),
