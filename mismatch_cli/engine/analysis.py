@@ -86,7 +86,7 @@ class BatchAccumulator:
         self.trainer = None if correction.trainer is None else make_accumulator(
             correction.trainer_accumulator, correction.trainer, device)
         self.offpolicy = OffPolicyAccumulator(device) if self.family is None and not correction.replay else None
-        self.diagnostics = DiagnosticsAccumulator(device)
+        self.diagnostics = DiagnosticsAccumulator(device, tables=extras)
         # The what-if ladder and the worst sequences (the overall batch needs them; per-step ones may not).
         self.what_if = WhatIfAccumulator(correction.k1_bounds, device) if extras else None
         self.worst = WorstSequences() if extras else None
@@ -98,7 +98,7 @@ class BatchAccumulator:
             if bootstrap > 0
             else None
         )
-        self.rounds = RoundsAccumulator(device) if rounds else None
+        self.rounds = RoundsAccumulator(device, tables=extras) if rounds else None
         ordered = tuple(getattr(self, name) for name in ACCUMULATORS)
         self.accumulators: list[Accumulator] = [a for a in ordered if a is not None]
         check_order(self.accumulators)

@@ -1,10 +1,9 @@
 """The always-on `diag/` keys: |delta|, signed bias, probability-space diffs, quantiles, ESS, counts.
 
-Quantiles come from fixed-size mergeable counts bucketed like `LogSketch` (the top 16 bits of a
-float32: <= 0.4 % relative error, never `torch.quantile`, which refuses > 2^24 values). Taking the
-top 16 bits of delta itself (sign included) puts delta >= 0 and delta < 0 into two halves of one
-count array, so signed and |delta| quantiles come from the same counts, which also back the
-histograms the plots draw. Nothing here sorts or keeps per-token data.
+Quantiles come from fixed-size mergeable counts bucketed like `LogSketch` (the top 16 bits of a float32: <= 0.4 %
+relative error, never `torch.quantile`, which refuses > 2^24 values). Taking the top 16 bits of delta itself (sign
+included) puts delta >= 0 and delta < 0 into two halves of one count array, so signed and |delta| quantiles come
+from the same counts, which also back the plots' histograms. Nothing here sorts or keeps per-token data.
 """
 
 from __future__ import annotations
@@ -242,8 +241,9 @@ class DiagnosticsAccumulator(Accumulator):
     late = True  # reads the fused sweep (signatures.token_sums)
     counts, row_counts = PackableCounts(), PackableCounts()
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, tables: bool = True) -> None:
         self.state = Reducer(device)
+        self.tables = tables  # the quantile ladders and histograms (the overall batch's; a step reports keys only)
         # Sketch counts of delta, then of the rows' S_i: [0, NUM_BUCKETS) hold >= 0 by |value| bucket, the rest < 0.
         self.counts, self.row_counts = (torch.zeros(2 * NUM_BUCKETS, dtype=torch.int64, device=device) for _ in "ab")
         self.prob = PairSums(device)
@@ -332,8 +332,8 @@ class DiagnosticsAccumulator(Accumulator):
 
     def compute(self) -> Contribution:
         """The `diag/` keys, the quantile ladders and the histograms."""
-        return Contribution(metrics={DIAG_PREFIX + k: finite_or_none(v) for k, v in self.values().items()},
-                            quantiles=self.quantiles(), histograms=self.histograms())
+        tables = {"quantiles": self.quantiles(), "histograms": self.histograms()} if self.tables else {}
+        return Contribution(metrics={DIAG_PREFIX + k: finite_or_none(v) for k, v in self.values().items()}, **tables)
 
     def values(self) -> dict[str, float]:
         """The `diag/` keys (unprefixed) this accumulator owns."""

@@ -109,8 +109,9 @@ class RoundsAccumulator(Accumulator):
 
     reads = frozenset({"is_token_weight", "is_row_weight", "rs_row_reject", "rs_token_reject"})
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, tables: bool = True) -> None:
         self.device = device
+        self.tables = tables  # the table indexed from the end (the overall batch's; a step reports its rounds only)
         self.from_start = RoundTable(device)
         self.from_end = RoundTable(device)
         self.total_rounds = 0
@@ -199,7 +200,7 @@ class RoundsAccumulator(Accumulator):
         """`diag/rounds`, verl PR #5229's `per_round/` keys, the per-round table and the one indexed from the end."""
         total_abs = float(self.from_start.sums[:, 1].sum().item()) if self.from_start.sums.numel() else 0.0
         rounds = self.from_start.compute(total_abs, self.has_is, self.has_rs, "round")
-        from_end = self.from_end.compute(total_abs, self.has_is, self.has_rs, "round_from_end")
+        from_end = self.from_end.compute(total_abs, self.has_is, self.has_rs, "round_from_end") if self.tables else []
         metrics: dict[str, float | None] = {DIAG_PREFIX + "rounds": float(self.total_rounds),
                                             "per_round/total_rounds": float(self.max_rounds)}
         best_k, best_value = -1, 0.0
