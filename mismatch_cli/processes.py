@@ -71,7 +71,7 @@ def resolve_jobs(jobs: int | None, files: Sequence[InputFile], device: str) -> i
                              f"{device}", hint=f"drop --jobs (this process feeds the GPU), or use --device cpu --jobs "
                              f"{jobs}")
         return jobs
-    if device not in ("auto", "cpu") or sum(f.bytes for f in files) < MIN_JOBS_BYTES:
+    if device not in ("auto", "cpu") or not _large(files):
         return 1
     if device == "auto" and gpu_visible():  # `auto` takes the GPU, which one process feeds
         return 1
@@ -103,8 +103,12 @@ def gpu_visible() -> bool:
 def gpu_may_decide(jobs: int | None, files: Sequence[InputFile], device: str) -> bool:
     """Whether the processes of a run wait on torch's answer to "is there a GPU?" (`auto` on an input of
     MIN_JOBS_BYTES or more, on a machine with a GPU driver), so that the caller reads ahead meanwhile."""
-    return (jobs is None and device == "auto" and sum(f.bytes for f in files) >= MIN_JOBS_BYTES
-            and gpu_driver_present())
+    return jobs is None and device == "auto" and _large(files) and gpu_driver_present()
+
+
+def _large(files: Sequence[InputFile]) -> bool:
+    """Whether the inputs hold MIN_JOBS_BYTES or more together (where `auto` starts workers)."""
+    return sum(f.bytes for f in files) >= MIN_JOBS_BYTES
 
 
 def _context() -> multiprocessing.context.BaseContext:

@@ -206,7 +206,7 @@ class Analysis:
                 for state in touched:
                     state.merge(shared)
                 self._rest(touched, keep=len(touched))  # the states before this part's are at rest
-        elif columns:  # a family reads the rows' order: each group's rows are analyzed again as a batch of their own
+        else:  # a family reads the rows' order: each group's rows are analyzed again as a batch of their own
             start_token_sums(chunk)
             self.overall.update(chunk)
             touched = []
@@ -230,11 +230,15 @@ class Analysis:
         its occupied sketch buckets, not 3 MiB of counts."""
         for state in touched:
             self._awake[id(state)] = state
-        if len(self.per_step) + sum(map(len, self.per_group.values())) <= PACK_AFTER:
+        if not self._many_breakdowns():
             return
         busy = {id(state) for state in touched[len(touched) - keep:]}
         for key in [key for key in self._awake if key not in busy]:
             self._awake.pop(key).pack()
+
+    def _many_breakdowns(self) -> bool:
+        """Whether the steps' and groups' states are more than PACK_AFTER (those at rest are then packed)."""
+        return len(self.per_step) + sum(map(len, self.per_group.values())) > PACK_AFTER
 
     def _parts(self, batch: Batch, keys: list[np.ndarray]) -> list[tuple[tuple[Any, ...], Batch]] | None:
         """The batch's rows as parts of one label in every column, each to be folded once: its runs of
@@ -331,7 +335,7 @@ class Analysis:
                 f"{what}, so the effective sample size is undefined (verl crashes with ZeroDivisionError here)",
                 hint="widen --is-threshold (e.g. 0.5_5.0 or 2.0)",
             )
-        many = len(self.per_step) + sum(map(len, self.per_group.values())) > PACK_AFTER
+        many = self._many_breakdowns()
         steps = {step: _computed(acc, many) for step, acc in sorted(self.per_step.items())}
         groups = {
             column: {label: _computed(acc, many) for label, acc in sorted(accumulators.items(), key=_label_order)}

@@ -11,6 +11,7 @@ beyond the first few rounds.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,7 +44,9 @@ class PackableCounts:
     def __set_name__(self, owner: type, name: str) -> None:
         self.slot = "_" + name
 
-    def __get__(self, instance: object, owner: type | None = None) -> torch.Tensor:
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        if instance is None:  # on the class: the descriptor itself (pack reads its slot)
+            return self
         value = getattr(instance, self.slot)
         if isinstance(value, PackedCounts):
             value = value.unpack()
@@ -57,9 +60,10 @@ class PackableCounts:
 def pack(instance: object, *names: str) -> None:
     """Hold these PackableCounts attributes of `instance` as their occupied entries until they are next read."""
     for name in names:
-        value = getattr(instance, "_" + name)
+        slot = getattr(type(instance), name).slot
+        value = getattr(instance, slot)
         if isinstance(value, torch.Tensor) and value.numel():
-            setattr(instance, "_" + name, PackedCounts(value))
+            setattr(instance, slot, PackedCounts(value))
 
 
 class LogSketch:
@@ -167,6 +171,8 @@ class GroupedSketch:
     not a 256 KB count row per round.
     """
 
+    dense = PackableCounts()  # the first rounds' count rows, [groups, NUM_BUCKETS]
+
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.dense = torch.zeros((0, NUM_BUCKETS), dtype=torch.int64, device=device)
@@ -174,8 +180,6 @@ class GroupedSketch:
         self.counts = torch.zeros(0, dtype=torch.int64, device=device)
         self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.pending_size = 0
-
-    dense = PackableCounts()  # the first rounds' count rows, [groups, NUM_BUCKETS]
 
     def pack(self) -> None:
         """Keep the dense rows as their occupied buckets until the next update, merge or quantile."""
