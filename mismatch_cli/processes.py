@@ -228,9 +228,10 @@ def run_on_processes(files: Sequence[InputFile], read_options: ReadOptions, spec
         return merge_states(here(), spec, source_names)
     workers = min(jobs - 1, len(items) - 1)
     if spec.fused and _context().get_start_method() == "fork":
-        from mismatch_cli.engine.kernels.sweep import preload
+        from mismatch_cli.engine.kernels.sweep import kernels_for, preload
 
-        preload()  # the forked workers inherit the loaded kernels
+        correction = spec.correction  # the forked workers inherit the loaded kernels this configuration calls
+        preload(kernels_for(bool(correction.rs_options), correction.is_level == "token"))
     with _main_hidden(), ProcessPoolExecutor(max_workers=workers, mp_context=_context(),
                                              initializer=_worker_start) as pool:
         try:

@@ -90,7 +90,7 @@ class BatchAccumulator:
         # The what-if ladder and the worst sequences (the overall batch needs them; per-step ones may not).
         self.what_if = WhatIfAccumulator(correction.k1_bounds, device) if extras else None
         self.worst = WorstSequences() if extras else None
-        self.signatures = SignaturesAccumulator(device)  # the findings' evidence (and per-step diag/ keys)
+        self.signatures = SignaturesAccumulator(device, tables=extras)  # the findings' evidence, per-step diag/ keys
         self.evidence = EvidenceAccumulator(device)  # zero-filled prefixes, the gap per policy version
         self.bootstrap = (
             BootstrapAccumulator(bootstrap, device, correction.is_level if self.importance else None,

@@ -78,8 +78,8 @@ def test_a_few_groups_are_never_packed(tmp_path: Path) -> None:
 
 
 def test_a_step_computes_its_keys_not_the_overall_tables(tmp_path: Path) -> None:
-    # The report keeps a step's metrics and rounds only: its histograms, quantile ladders and rounds from the end
-    # (a few ms a step, seconds over a run's history) are left to the overall batch.
+    # The report keeps a step's metrics and rounds only: its histograms, quantile ladders, rounds from the end and
+    # signature octave table (a few ms a step, seconds over a run's history) are left to the overall batch.
     path = tmp_path / "steps.parquet"
     write_synthetic_dump(path, SynthSpec(tokens=30_000, turns=3, seed=2, steps=3, row_group_tokens=8_000))
     analysis = Analysis(resolve(CorrectionConfig()), torch.device("cpu"), by_step=True, bootstrap=0)
@@ -87,6 +87,9 @@ def test_a_step_computes_its_keys_not_the_overall_tables(tmp_path: Path) -> None
         analysis.update(batch)
     result = analysis.finish()
     assert result.overall.histograms and result.overall.quantiles and result.overall.rounds_from_end
+    assert result.overall.signatures["buckets"]  # the findings' octave table
     for step in result.steps.values():
         assert step.metrics["diag/log_ratio_p50"] is not None and step.rounds
+        assert step.metrics["diag/temperature_slope"] is not None and step.signatures["worst_token"]
         assert not step.histograms and not step.quantiles and not step.rounds_from_end
+        assert not step.signatures["buckets"]

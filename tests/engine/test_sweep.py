@@ -82,6 +82,21 @@ def test_sweep_gives_the_numpy_passes_results(seed: int, config: dict) -> None:
         assert_same_tree(result.metrics, fused.steps[step].metrics, 1e-9, f"step {step}")
 
 
+@pytest.mark.parametrize("config", [{}, {"rollout_is": "token", "rollout_is_threshold": 2.0},
+                                    {"rollout_is": "sequence", "rollout_is_threshold": 2.0},
+                                    {"rollout_rs": "token_k1,seq_max_k2", "rollout_rs_threshold": "0.9_1.1,0.5"}],
+                         ids=["default", "token_is", "sequence_is", "rs"])
+def test_the_kernels_preloaded_for_a_configuration_are_those_its_run_calls(monkeypatch, config: dict) -> None:
+    # --jobs loads these in the parent before it forks; one missing would be loaded again in every worker.
+    called: set[str] = set()
+    compiled = sweep._compiled
+    monkeypatch.setattr(sweep, "_compiled", lambda name: called.add(name) or compiled(name))
+    correction = resolve(CorrectionConfig(**config))
+    with sweep.forced(True):
+        run([dirty_batch(5, steps=True), dirty_batch(6, turns=4)], correction, device="cpu", by_step=True)
+    assert called == set(sweep.kernels_for(bool(correction.rs_options), correction.is_level == "token"))
+
+
 def test_sweep_sums_match_float64_by_hand() -> None:
     # Two rows (3 and 2 valid tokens, one masked-out position between), values chosen so each count is known.
     old = np.array([-1.0, 0.0, -2.0, 5.0, -0.5, -0.5], dtype=np.float32)

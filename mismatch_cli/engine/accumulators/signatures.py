@@ -130,8 +130,9 @@ class SignaturesAccumulator(Accumulator):
 
     late = True  # reads the fused sweep (signatures.token_sums)
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, tables: bool = True) -> None:
         self.device = device
+        self.tables = tables  # False (a step or group): no bucket table, which only the overall findings read
         self.state = Reducer(device)
         # tokens, sum ratio^2, sum ratio, sum exp|delta| (NeMo-RL's token_mult_prob_error summand), per signed
         # octave: [0, NUM_BUCKETS) hold delta >= 0, the rest delta < 0 (only delta > 0 adds to chi2's excess)
@@ -283,11 +284,12 @@ class SignaturesAccumulator(Accumulator):
         return Contribution(metrics=metrics, signatures=table)
 
     def table(self) -> dict[str, Any]:
-        """Every sum as Python numbers: buckets, fills, moments, shift residuals, the two placed tokens."""
+        """Every sum as Python numbers: buckets (an overall batch's only), fills, moments, shift residuals, the two
+        placed tokens."""
         s = self.state
         sums = self.buckets.cpu().numpy()
         # Only the occupied octaves, in ascending |delta|; in one octave delta < 0 (sign -1) before delta >= 0.
-        occupied = sorted(np.flatnonzero(sums[0]).tolist(), key=lambda i: (i % NUM_BUCKETS, -i))
+        occupied = sorted(np.flatnonzero(sums[0]).tolist(), key=lambda i: (i % NUM_BUCKETS, -i)) if self.tables else []
         buckets = [{"low": bucket_low(i % NUM_BUCKETS), "high": bucket_high(i % NUM_BUCKETS),
                     "sign": -1 if i >= NUM_BUCKETS else 1, "tokens": int(sums[0, i]), "chi2_terms": float(sums[1, i]),
                     "ratio_sum": float(sums[2, i]), "exp_abs_sum": float(sums[3, i])} for i in occupied]

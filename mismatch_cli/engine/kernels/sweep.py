@@ -113,13 +113,22 @@ def _compiled(name: str) -> Any:
     return kernel
 
 
-def preload() -> None:
-    """Load every fused kernel already in the disk cache (none is compiled here), so that worker processes forked
-    afterwards start with them: importing numba and its first load cost about 0.5 s of CPU per process."""
+# What every fused run calls; "option" (token-level RS) and "weights" (token-level IS) only when configured.
+ALWAYS = ("layout", "segments", "sweep", "round_sketches", "candidates")
+
+
+def kernels_for(rejection: bool, importance: bool) -> tuple[str, ...]:
+    """The kernels a fused run calls: ALWAYS, "option" with an RS option, "weights" with token-level IS."""
+    return (*ALWAYS, *(("option",) if rejection else ()), *(("weights",) if importance else ()))
+
+
+def preload(names: tuple[str, ...] = tuple(KERNELS)) -> None:
+    """Load those fused kernels already in the disk cache (none is compiled here), so that worker processes forked
+    afterwards start with them: importing numba costs about 0.25 s of CPU a process, and each kernel's load 0.05 s."""
     numba = _numba()
     if numba is None:
         return
-    for name in KERNELS:
+    for name in names:
         if (cache_dir() / f"{name}-{numba.__version__}-{_VERSION}").exists():
             _compiled(name)
 
@@ -334,7 +343,7 @@ def start(*arguments: Any) -> Future[TokenSums]:
     return future
 
 
-__all__ = ["DERIVED", "LAYOUT_COUNTS", "OCTAVES", "OCTAVE_SHIFT", "POSITION_BIN", "SEGMENT_SUMS", "SKETCH_SIZE",
-           "SUMS", "FoundLayout", "OptionSums", "TokenSums", "available", "cache_dir", "candidates", "forced",
-           "is_weights", "layout", "option_sums", "round_sketches", "segment_sums", "start", "token_sums", "wanted",
-           "worth_it"]
+__all__ = ["ALWAYS", "DERIVED", "LAYOUT_COUNTS", "OCTAVES", "OCTAVE_SHIFT", "POSITION_BIN", "SEGMENT_SUMS",
+           "SKETCH_SIZE", "SUMS", "FoundLayout", "OptionSums", "TokenSums", "available", "cache_dir", "candidates",
+           "forced", "is_weights", "kernels_for", "layout", "option_sums", "round_sketches", "segment_sums", "start",
+           "token_sums", "wanted", "worth_it"]
