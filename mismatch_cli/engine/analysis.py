@@ -63,7 +63,7 @@ class BatchAccumulator:
     """
 
     def __init__(self, correction: ResolvedCorrection, device: torch.device, rounds: bool = True,
-                 extras: bool = True, bootstrap: int = DEFAULT_REPLICATES) -> None:
+                 extras: bool = True, bootstrap: int = DEFAULT_REPLICATES, findings: bool = True) -> None:
         self.correction = correction
         self.importance = (
             ImportanceAccumulator(
@@ -90,7 +90,8 @@ class BatchAccumulator:
         # The what-if ladder and the worst sequences (the overall batch needs them; per-step ones may not).
         self.what_if = WhatIfAccumulator(correction.k1_bounds, device) if extras else None
         self.worst = WorstSequences() if extras else None
-        self.signatures = SignaturesAccumulator(device, tables=extras)  # the findings' evidence, per-step diag/ keys
+        # The findings' evidence (its octave table only where findings read it: not a step's) and per-step diag/ keys
+        self.signatures = SignaturesAccumulator(device, tables=findings)
         self.evidence = EvidenceAccumulator(device)  # zero-filled prefixes, the gap per policy version
         self.bootstrap = (
             BootstrapAccumulator(bootstrap, device, correction.is_level if self.importance else None,

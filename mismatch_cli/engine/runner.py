@@ -143,8 +143,8 @@ class Analysis:
         self.fused = fused  # take the per-token sums from the fused CPU sweep where it runs (engine/kernels/sweep.py)
 
     def _breakdown(self) -> BatchAccumulator:
-        # Steps and groups report metrics and rounds only: no what-if, worst sequences or intervals.
-        return BatchAccumulator(self.correction, self.device, self.rounds, extras=False, bootstrap=0)
+        # Steps and groups report metrics and rounds only: no what-if, worst sequences, intervals or findings' tables.
+        return BatchAccumulator(self.correction, self.device, self.rounds, extras=False, bootstrap=0, findings=False)
 
     def update(self, whole: Batch) -> None:
         """Fold one reader batch (whole sequences) into every accumulator (on a GPU, possibly at a later call)."""

@@ -7,6 +7,7 @@ import json
 import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -34,6 +35,27 @@ def test_packed_counts_unpack_to_the_same_tensor() -> None:
     packed = PackedCounts(dense)
     assert packed.index.numel() == int((dense != 0).sum())
     assert torch.equal(packed.unpack(), dense) and packed.unpack().dtype == dense.dtype
+
+
+def test_a_packed_round_sketch_gives_its_quantiles_without_unpacking() -> None:
+    # A step's round p99 at finish is read from the packed buckets; before, computing unpacked every step's rows.
+    from mismatch_cli.engine.kernels.sketch import GroupedSketch, LogSketch
+
+    rng = np.random.default_rng(4)
+    values = rng.exponential(0.05, 20_000).astype(np.float32)
+    values[:50] = 0.0
+    groups = rng.integers(0, 11, values.size)  # groups 8-10 are kept sparse
+    sketch = GroupedSketch(torch.device("cpu"))
+    sketch.add_buckets(LogSketch.buckets(torch.from_numpy(values)), torch.from_numpy(groups), 11)
+    bits = values.view(np.int32) >> 16  # the bucket: the top 16 bits; it reports its midpoint (0.0 for bucket 0)
+    middle = np.where(bits == 0, 0.0, ((bits << 16) | (1 << 15)).astype(np.int32).view(np.float32).astype(float))
+    expected = [float(np.quantile(middle[groups == g], 0.99)) for g in range(11)]
+    for packed in (False, True):
+        if packed:
+            sketch.pack()
+        *found, empty = sketch.quantile(0.99, 12)
+        assert found == pytest.approx(expected, rel=1e-12) and empty is None
+    assert isinstance(sketch._dense, PackedCounts)
 
 
 def _report(path: str, **kwargs: object) -> str:

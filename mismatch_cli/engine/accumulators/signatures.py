@@ -303,7 +303,8 @@ class SignaturesAccumulator(Accumulator):
         out["chi2_terms"] = float(sums[1].sum())
         out["buckets"] = buckets
         slopes = self.tail_slopes.cpu().numpy()
-        out["tail_slopes"] = [[int(i), int(slopes[i])] for i in np.flatnonzero(slopes).tolist()]
+        occupied_slopes = np.flatnonzero(slopes)
+        out["tail_slopes"] = np.stack([occupied_slopes, slopes[occupied_slopes].astype(np.int64)], axis=1).tolist()
         out.update(self.tokens.compute())
         return out
 

@@ -209,6 +209,9 @@ class GroupedSketch:
         """Add precomputed bucket counts: [NUM_BUCKETS] to group 0, or [groups, NUM_BUCKETS] to groups 0.. (dense)."""
         counts = counts.reshape(-1, NUM_BUCKETS)
         assert counts.shape[0] <= DENSE_GROUPS
+        if self.dense.shape[0] == 0:  # a fresh sketch (a step's part): a copy, not zeros, a concatenation and a sum
+            self.dense = counts.to(self.device, torch.int64, copy=True)
+            return
         self._grow(counts.shape[0])
         self.dense[: counts.shape[0]] += counts.to(self.device)
 
@@ -238,14 +241,23 @@ class GroupedSketch:
         other._compact()
         self._add_sparse(other.keys, other.counts)
 
+    def _dense_entries(self) -> tuple[np.ndarray, np.ndarray]:
+        """The dense rows' occupied buckets as ascending grouped keys (a row-major flat index is one: NUM_BUCKETS
+        is 1 << GROUP_SHIFT) and their counts, read from the packed entries when packed (nothing is unpacked)."""
+        held = getattr(self, type(self).dense.slot)
+        if isinstance(held, PackedCounts):  # torch.nonzero's index: ascending
+            return held.index.cpu().numpy(), held.values.cpu().numpy()
+        flat = held.reshape(-1).cpu().numpy()
+        index = np.flatnonzero(flat)
+        return index, flat[index]
+
     def quantile(self, q: float, num_groups: int) -> list[float | None]:
         """Quantile `q` of each group 0..num_groups-1 (numpy's linear interpolation; None for an empty group)."""
         self._compact()
-        dense = self.dense.cpu().numpy()
-        rows, buckets = np.nonzero(dense)
-        keys = np.concatenate([(rows.astype(np.int64) << GROUP_SHIFT) | buckets, self.keys.cpu().numpy()])
+        dense_keys, dense_counts = self._dense_entries()
         # Dense keys all precede the sparse ones.
-        counts = np.concatenate([dense[rows, buckets], self.counts.cpu().numpy()])
+        keys = np.concatenate([dense_keys, self.keys.cpu().numpy()])
+        counts = np.concatenate([dense_counts, self.counts.cpu().numpy()])
         if keys.size == 0:
             return [None] * num_groups
         group = keys >> GROUP_SHIFT
