@@ -58,6 +58,27 @@ def test_a_packed_round_sketch_gives_its_quantiles_without_unpacking() -> None:
     assert isinstance(sketch._dense, PackedCounts)
 
 
+def test_a_fresh_round_sketch_merges_and_counts_as_one_that_saw_every_value() -> None:
+    # A step's first part is copied into its fresh sketch (not added to zeros); later parts add, packed or not.
+    from mismatch_cli.engine.kernels.sketch import GroupedSketch, LogSketch
+
+    rng = np.random.default_rng(5)
+    cpu = torch.device("cpu")
+    values = torch.from_numpy(rng.exponential(0.05, 9_000).astype(np.float32))
+    groups = torch.from_numpy(rng.integers(0, 10, values.numel()))
+    whole, step = GroupedSketch(cpu), GroupedSketch(cpu)
+    whole.add_buckets(LogSketch.buckets(values), groups, 10)
+    for part in np.array_split(np.arange(values.numel()), 3):
+        shard = GroupedSketch(cpu)
+        shard.add_buckets(LogSketch.buckets(values[part]), groups[part], int(groups[part].max()) + 1)
+        shard.pack()
+        step.merge(shard)
+        step.pack()
+    for q in (0.5, 0.99):
+        assert step.quantile(q, 10) == whole.quantile(q, 10)
+    assert torch.equal(step.dense, whole.dense)
+
+
 def _report(path: str, **kwargs: object) -> str:
     data = analyze([path], hash_inputs=False, by_step=True, bootstrap=0, **kwargs).to_dict()
     data.pop("created_at")

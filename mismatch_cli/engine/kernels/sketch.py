@@ -189,7 +189,7 @@ class GroupedSketch:
         groups = min(groups, DENSE_GROUPS)
         if groups > self.dense.shape[0]:
             extra = torch.zeros((groups - self.dense.shape[0], NUM_BUCKETS), dtype=torch.int64, device=self.device)
-            self.dense = torch.cat([self.dense, extra])
+            self.dense = torch.cat([self.dense, extra]) if self.dense.shape[0] else extra
 
     def _add_sparse(self, keys: torch.Tensor, counts: torch.Tensor) -> None:
         if keys.numel() == 0:
@@ -236,8 +236,12 @@ class GroupedSketch:
 
     def merge(self, other: GroupedSketch) -> None:
         """Add another sketch's counts."""
-        self._grow(other.dense.shape[0])
-        self.dense[: other.dense.shape[0]] += other.dense.to(self.device)
+        theirs = other.dense
+        if self.dense.shape[0] == 0:  # a fresh sketch (a step's first part): a copy, as in add_counts
+            self.dense = theirs.to(self.device, copy=True)
+        else:
+            self._grow(theirs.shape[0])
+            self.dense[: theirs.shape[0]] += theirs.to(self.device)
         other._compact()
         self._add_sparse(other.keys, other.counts)
 
