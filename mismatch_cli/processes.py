@@ -112,8 +112,9 @@ def _large(files: Sequence[InputFile]) -> bool:
 
 
 def _context() -> multiprocessing.context.BaseContext:
-    """Fork on Linux, from a parent that has imported the engine and started no thread of its own yet (the workers
-    start at once, with torch loaded); elsewhere a fork server that imported the engine once, else spawn."""
+    """Fork on Linux, from a parent that has imported the engine and whose read-ahead threads have stopped (the
+    workers start at once, with torch loaded; only the SHA-256 thread of an input under 256 MiB may still run, and
+    it holds no lock a worker takes); elsewhere a fork server that imported the engine once, else spawn."""
     methods = multiprocessing.get_all_start_methods()
     if sys.platform.startswith("linux") and "fork" in methods:
         return multiprocessing.get_context("fork")
