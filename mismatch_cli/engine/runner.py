@@ -195,16 +195,17 @@ class Analysis:
         elif parts is not None:
             # Each part is folded once, into a fresh breakdown state that merges into its step's and groups'
             # states and into the overall one, as a shard's state would: the same as a reader that had cut
-            # its chunks there.
+            # its chunks there. A step's first part (one breakdown column) is folded into the step's new state.
             for labels_of_part, rows in parts:
                 part = chunk if rows is batch else make_chunk(rows, self.device, compute_dtype, self.fused)
                 start_token_sums(part)
-                shared = self._breakdown()
+                shared = self._first_state(columns, labels_of_part) or self._breakdown()
                 self.overall.update_from(part, shared, shared.update(part))
                 touched = [self._state(states, label) for (states, _), label in zip(columns, labels_of_part,
                                                                                     strict=True)]
                 for state in touched:
-                    state.merge(shared)
+                    if state is not shared:
+                        state.merge(shared)
                 self._rest(touched, keep=len(touched))  # the states before this part's are at rest
         else:  # a family reads the rows' order: each group's rows are analyzed again as a batch of their own
             start_token_sums(chunk)
@@ -262,6 +263,17 @@ class Analysis:
             check_group_count(column, self.per_group[column], keys)
             columns.append((self.per_group[column], keys))
         return columns
+
+    def _first_state(self, columns: list[tuple[dict[Any, BatchAccumulator], np.ndarray]],
+                     labels: tuple[Any, ...]) -> BatchAccumulator | None:
+        """The state made now for a part's label, when there is one breakdown column and the label is new (merging
+        the part's own state into a fresh one would only copy it), else None."""
+        if len(columns) != 1:
+            return None
+        states = columns[0][0]
+        known = len(states)
+        state = self._state(states, labels[0])
+        return state if len(states) > known else None
 
     def _state(self, states: dict[Any, BatchAccumulator], label: Any) -> BatchAccumulator:
         label = label.item() if isinstance(label, np.generic) else label

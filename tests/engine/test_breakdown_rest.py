@@ -79,6 +79,22 @@ def test_a_fresh_round_sketch_merges_and_counts_as_one_that_saw_every_value() ->
     assert torch.equal(step.dense, whole.dense)
 
 
+def test_a_steps_first_part_folds_into_its_own_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fresh state per part merged into a fresh step state only copied it: a step's first part now folds into the
+    # step's state, and only later parts of a known step take a state of their own.
+    import dataclasses
+
+    from test_sweep import dirty_batch
+
+    made = []
+    breakdown = runner.Analysis._breakdown
+    monkeypatch.setattr(runner.Analysis, "_breakdown", lambda self: made.append(1) or breakdown(self))
+    batches = [dataclasses.replace(batch, steps=np.full(batch.num_rows, step))
+               for batch, step in ((dirty_batch(1), 0), (dirty_batch(2), 1), (dirty_batch(3), 2), (dirty_batch(4), 2))]
+    result = runner.run(batches, resolve(CorrectionConfig()), device="cpu", by_step=True)
+    assert sorted(result.steps) == [0, 1, 2] and len(made) == 4  # three steps, one later part of step 2
+
+
 def _report(path: str, **kwargs: object) -> str:
     data = analyze([path], hash_inputs=False, by_step=True, bootstrap=0, **kwargs).to_dict()
     data.pop("created_at")
