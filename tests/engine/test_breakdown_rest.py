@@ -146,9 +146,9 @@ def test_a_step_computes_its_keys_not_the_overall_tables(tmp_path: Path) -> None
         analysis.update(batch)
     result = analysis.finish()
     assert result.overall.histograms and result.overall.quantiles and result.overall.rounds_from_end
-    assert result.overall.signatures["buckets"]  # the findings' octave table
+    assert result.overall.signatures["buckets"] and result.overall.signatures["tail_slopes"]  # the findings' tables
     for step in result.steps.values():
         assert step.metrics["diag/log_ratio_p50"] is not None and step.rounds
         assert step.metrics["diag/temperature_slope"] is not None and step.signatures["worst_token"]
         assert not step.histograms and not step.quantiles and not step.rounds_from_end
-        assert not step.signatures["buckets"]
+        assert not step.signatures["buckets"] and "tail_slopes" not in step.signatures

@@ -280,7 +280,8 @@ class SignaturesAccumulator(Accumulator):
     def compute(self) -> Contribution:
         """The `diag/` signature keys and the tables the findings read."""
         table = self.table()
-        metrics = {DIAG_PREFIX + k: finite_or_none(v) for k, v in values(table).items()}
+        slopes = self.tail_slopes.cpu().numpy()
+        metrics = {DIAG_PREFIX + k: finite_or_none(v) for k, v in values(table, slopes).items()}
         return Contribution(metrics=metrics, signatures=table)
 
     def table(self) -> dict[str, Any]:
@@ -302,15 +303,16 @@ class SignaturesAccumulator(Accumulator):
             out[key] = int(out[key])
         out["chi2_terms"] = float(sums[1].sum())
         out["buckets"] = buckets
-        slopes = self.tail_slopes.cpu().numpy()
-        occupied_slopes = np.flatnonzero(slopes)
-        out["tail_slopes"] = np.stack([occupied_slopes, slopes[occupied_slopes].astype(np.int64)], axis=1).tolist()
+        if self.tables:  # the occupied tail-slope bins, as [bin, tokens] pairs
+            slopes = self.tail_slopes.cpu().numpy()
+            occupied_slopes = np.flatnonzero(slopes)
+            out["tail_slopes"] = np.stack([occupied_slopes, slopes[occupied_slopes].astype(np.int64)], 1).tolist()
         out.update(self.tokens.compute())
         return out
 
 
-def values(table: dict[str, Any]) -> dict[str, float]:
-    """The `diag/` keys (unprefixed) from the table: NaN where undefined."""
+def values(table: dict[str, Any], slopes: np.ndarray) -> dict[str, float]:
+    """The `diag/` keys (unprefixed) from the table and the tail-slope counts per bin: NaN where undefined."""
     n = table["tokens"] or math.nan
     x, y = table["x"], table["y"]
     sxx = table["xx"] - x * x / n
@@ -324,7 +326,7 @@ def values(table: dict[str, Any]) -> dict[str, float]:
         "bitwise_equal_fraction": table["bitwise_equal"] / n,
         "temperature_slope": slope,
         "best_fit_temperature": 1.0 / slope if slope > 0 else math.nan,
-        "temperature_estimate": temperature_estimate(table, slope),
+        "temperature_estimate": temperature_estimate(slopes, slope),
         "shift_residual_ratio": shifted / aligned if table["pairs"] and aligned > 0 else math.nan,
         "constant_fill_fraction_old": table["fill_old"] / n,
         "constant_fill_fraction_rollout": table["fill_rollout"] / n,
@@ -350,11 +352,9 @@ def _tail_slopes(old: torch.Tensor, rollout: torch.Tensor) -> torch.Tensor:
     return bincount(ratio.to(torch.int64), SLOPE_BINS, tail)
 
 
-def temperature_estimate(table: dict[str, Any], slope: float, quantile: float = 0.999) -> float:
-    """1 / the extreme quantile of rollout / old over tail tokens, on the side the slope points (NaN if < 100)."""
-    counts = np.zeros(SLOPE_BINS)
-    for index, count in table.get("tail_slopes", []):
-        counts[index] = count
+def temperature_estimate(counts: np.ndarray, slope: float, quantile: float = 0.999) -> float:
+    """1 / the extreme quantile of rollout / old over tail tokens (`counts` per slope bin), on the side the slope
+    points (NaN if < 100)."""
     total = counts.sum()
     if total < 100 or not math.isfinite(slope) or slope == 1:
         return math.nan
