@@ -209,7 +209,12 @@ class GroupedSketch:
         """Add precomputed bucket counts: [NUM_BUCKETS] to group 0, or [groups, NUM_BUCKETS] to groups 0.. (dense)."""
         counts = counts.reshape(-1, NUM_BUCKETS)
         assert counts.shape[0] <= DENSE_GROUPS
-        if self.dense.shape[0] == 0:  # a fresh sketch (a step's part): a copy, not zeros, a concatenation and a sum
+        self._add_dense(counts)
+
+    def _add_dense(self, counts: torch.Tensor) -> None:
+        """Add [groups, NUM_BUCKETS] counts to the dense rows; a fresh sketch (a step's first part) takes a copy,
+        not zeros, a concatenation and a sum."""
+        if self.dense.shape[0] == 0:
             self.dense = counts.to(self.device, torch.int64, copy=True)
             return
         self._grow(counts.shape[0])
@@ -236,12 +241,7 @@ class GroupedSketch:
 
     def merge(self, other: GroupedSketch) -> None:
         """Add another sketch's counts."""
-        theirs = other.dense
-        if self.dense.shape[0] == 0:  # a fresh sketch (a step's first part): a copy, as in add_counts
-            self.dense = theirs.to(self.device, copy=True)
-        else:
-            self._grow(theirs.shape[0])
-            self.dense[: theirs.shape[0]] += theirs.to(self.device)
+        self._add_dense(other.dense)
         other._compact()
         self._add_sparse(other.keys, other.counts)
 
