@@ -24,6 +24,7 @@ from mismatch_cli.io.parallel import BackgroundHashes
 from mismatch_cli.io.remote import is_remote
 from mismatch_cli.processes import gpu_may_decide, read_threads, resolve_jobs
 from mismatch_cli.report import TOOL_NAME, InputSummary, Report
+from mismatch_cli.system.collector import loading
 from mismatch_cli.system.numbers import parse_integer
 from mismatch_cli.version import __version__
 
@@ -148,11 +149,13 @@ def _run_local(files: Sequence[InputFile], read_options: ReadOptions, resolved: 
 
         if early is not None:
             early.close()  # no GPU after all: the read-ahead threads stop before the workers fork
+        _load_engine()
         return run_on_processes(files, read_options, _spec(files, resolved, dtype, by_step, rounds, group_by,
                                                            bootstrap), processes, names, on_batch)
     # closing(): an error in the engine stops the read-ahead threads now, not when the iterator is collected.
     with closing(early or iter_item_batches(files, read_options, workers=read_workers)) as tagged:
         # torch is imported only when analysis really runs, while the read-ahead threads read the first batches
+        _load_engine()
         from mismatch_cli.engine.distributed import fold_items
         from mismatch_cli.engine.runner import resolve_device, run
 
@@ -163,6 +166,12 @@ def _run_local(files: Sequence[InputFile], read_options: ReadOptions, resolved: 
         # On a GPU the batches of one file join into large device chunks across work items.
         return run((batch for _, batch in observed), resolved, device=device, dtype=dtype, by_step=by_step,
                    source_names=names, rounds=rounds, group_by=group_by, bootstrap=bootstrap, fused=spec.fused)
+
+
+def _load_engine() -> None:
+    """Import the engine and torch (about 1.5 s) with the cycle collector paused (system/collector.py says why)."""
+    with loading():
+        import mismatch_cli.engine.distributed  # noqa: F401
 
 
 def _spec(files: Sequence[InputFile], resolved: ResolvedCorrection, dtype: str, by_step: bool, rounds: bool,

@@ -38,6 +38,7 @@ from mismatch_cli.io import ReadOptions, discover_inputs, iter_batches
 from mismatch_cli.metrics import lookup
 from mismatch_cli.metrics.catalog import IS, RS_OPTION, RS_TOTAL
 from mismatch_cli.report import SCHEMA_VERSION, TOOL_NAME, Report
+from mismatch_cli.system.collector import loading
 from mismatch_cli.version import __version__
 
 GROUPS = 10  # jackknife row groups
@@ -307,7 +308,8 @@ def replay(paths: Sequence[str], names: Sequence[str] | None = None, read_option
 
     `settings` maps a column to the upstream fields it runs instead of its defaults (`{"skyrl": {"tis_ratio_type":
     "token"}}`), validated before anything is read."""
-    from mismatch_cli.engine.many import run_many  # torch is imported only when the replay really runs
+    with loading():  # torch is imported only when the replay really runs, with the cycle collector paused
+        from mismatch_cli.engine.many import run_many
 
     columns, corrections = configure(choose_trainers(names), settings)
     engine_corrections = dict(corrections)

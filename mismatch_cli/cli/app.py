@@ -17,6 +17,7 @@ from typer.core import TyperGroup
 
 from mismatch_cli.cli.usage import MismatchCommand, TyperError, is_help_request, usage_line
 from mismatch_cli.errors import MismatchError
+from mismatch_cli.system.collector import freeze_after_loading
 from mismatch_cli.system.guard import (
     EXIT_SIGINT,
     EXIT_SIGPIPE,
@@ -153,6 +154,7 @@ def entry() -> None:
     """The console script and `python -m mismatch_cli`: `main`, then an exit that skips the interpreter's teardown
     (about 0.4 s with torch loaded) once the output is flushed; a run that started Ray exits normally, since Ray's
     exit handler stops the local cluster it started."""
+    freeze_after_loading()  # a process that exits after one command: what the engine loads is never collected
     try:
         main()
         code: Any = 0

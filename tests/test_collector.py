@@ -1,0 +1,62 @@
+"""The cycle collector while the engine loads (system/collector.py): paused during the import, restored after, and
+what loaded frozen only in the CLI."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+
+import pytest
+
+from mismatch_cli.system import collector
+
+
+@pytest.fixture
+def restored_collector():
+    enabled = gc.isenabled()
+    yield
+    collector._FREEZE[0] = False
+    gc.unfreeze()
+    gc.enable() if enabled else gc.disable()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_loading_pauses_the_collector_and_restores_it(restored_collector: None, enabled: bool) -> None:
+    gc.enable() if enabled else gc.disable()
+    frozen = gc.get_freeze_count()
+    with collector.loading():
+        assert not gc.isenabled()
+        kept = [[i] for i in range(1000)]
+    assert gc.isenabled() is enabled
+    assert gc.get_freeze_count() == frozen  # a library caller: nothing frozen
+    assert len(kept) == 1000
+
+
+def test_loading_restores_the_collector_when_the_import_fails(restored_collector: None) -> None:
+    gc.enable()
+    with pytest.raises(ImportError), collector.loading():
+        import mismatch_cli.no_such_module  # noqa: F401
+    assert gc.isenabled()
+
+
+def test_the_cli_freezes_what_loaded(restored_collector: None) -> None:
+    gc.enable()
+    collector.freeze_after_loading()
+    before = gc.get_freeze_count()
+    with collector.loading():
+        kept = [[i] for i in range(1000)]
+    assert gc.get_freeze_count() >= before + len(kept)
+    assert gc.isenabled()
+
+
+def test_torch_loads_with_the_collector_paused() -> None:
+    # The import audit event fires as each module starts loading: torch's must find the collector off.
+    code = ("import gc, sys; seen = []; "
+            "sys.addaudithook(lambda event, args: seen.append(gc.isenabled()) if event == 'import' and args[0] in "
+            "('torch', 'mismatch_cli.engine.runner') else None); "
+            "import mismatch_cli.api as api; assert 'torch' not in sys.modules; api._load_engine(); "
+            "assert 'torch' in sys.modules and gc.isenabled(); assert seen == [False, False], seen; "
+            "assert gc.get_freeze_count() == 0")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
