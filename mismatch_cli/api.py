@@ -24,8 +24,8 @@ from mismatch_cli.io.parallel import BackgroundHashes
 from mismatch_cli.io.remote import is_remote
 from mismatch_cli.processes import gpu_may_decide, read_threads, resolve_jobs
 from mismatch_cli.report import TOOL_NAME, InputSummary, Report
-from mismatch_cli.system.collector import loading
 from mismatch_cli.system.numbers import parse_integer
+from mismatch_cli.system.runtime import loading
 from mismatch_cli.version import __version__
 
 # Poisson-bootstrap replicates: every chunk builds [rows, K] weight temporaries of ~12 bytes per cell
@@ -169,7 +169,7 @@ def _run_local(files: Sequence[InputFile], read_options: ReadOptions, resolved: 
 
 
 def _load_engine() -> None:
-    """Import the engine and torch (about 1.5 s) with the cycle collector paused (system/collector.py says why)."""
+    """Import the engine and torch (about 1.5 s) with the cycle collector paused (system/runtime.py says why)."""
     with loading():
         import mismatch_cli.engine.distributed  # noqa: F401
 

@@ -38,7 +38,7 @@ from mismatch_cli.io import ReadOptions, discover_inputs, iter_batches
 from mismatch_cli.metrics import lookup
 from mismatch_cli.metrics.catalog import IS, RS_OPTION, RS_TOTAL
 from mismatch_cli.report import SCHEMA_VERSION, TOOL_NAME, Report
-from mismatch_cli.system.collector import loading
+from mismatch_cli.system.runtime import loading
 from mismatch_cli.version import __version__
 
 GROUPS = 10  # jackknife row groups

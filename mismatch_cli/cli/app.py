@@ -17,7 +17,6 @@ from typer.core import TyperGroup
 
 from mismatch_cli.cli.usage import MismatchCommand, TyperError, is_help_request, usage_line
 from mismatch_cli.errors import MismatchError
-from mismatch_cli.system.collector import freeze_after_loading
 from mismatch_cli.system.guard import (
     EXIT_SIGINT,
     EXIT_SIGPIPE,
@@ -30,6 +29,7 @@ from mismatch_cli.system.guard import (
     signals_raise,
     silence_stdout,
 )
+from mismatch_cli.system.runtime import one_command_process
 from mismatch_cli.version import __version__
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -154,7 +154,7 @@ def entry() -> None:
     """The console script and `python -m mismatch_cli`: `main`, then an exit that skips the interpreter's teardown
     (about 0.4 s with torch loaded) once the output is flushed; a run that started Ray exits normally, since Ray's
     exit handler stops the local cluster it started."""
-    freeze_after_loading()  # a process that exits after one command: what the engine loads is never collected
+    one_command_process()  # what the engine loads is never collected; freed memory is kept for the next chunk
     try:
         main()
         code: Any = 0

@@ -1,5 +1,5 @@
-"""The cycle collector while the engine loads (system/collector.py): paused during the import, restored after, and
-what loaded frozen only in the CLI."""
+"""How the process runs (system/runtime.py): the cycle collector paused while the engine loads and restored after,
+what loaded frozen only in the CLI, and glibc's allocator keeping freed memory in the CLI."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from mismatch_cli.system import collector
+from mismatch_cli.system import runtime
 
 
 @pytest.fixture
 def restored_collector():
     enabled = gc.isenabled()
     yield
-    collector._FREEZE[0] = False
+    runtime._FREEZE[0] = False
     gc.unfreeze()
     gc.enable() if enabled else gc.disable()
 
@@ -25,7 +25,7 @@ def restored_collector():
 def test_loading_pauses_the_collector_and_restores_it(restored_collector: None, enabled: bool) -> None:
     gc.enable() if enabled else gc.disable()
     frozen = gc.get_freeze_count()
-    with collector.loading():
+    with runtime.loading():
         assert not gc.isenabled()
         kept = [[i] for i in range(1000)]
     assert gc.isenabled() is enabled
@@ -35,16 +35,16 @@ def test_loading_pauses_the_collector_and_restores_it(restored_collector: None, 
 
 def test_loading_restores_the_collector_when_the_import_fails(restored_collector: None) -> None:
     gc.enable()
-    with pytest.raises(ImportError), collector.loading():
+    with pytest.raises(ImportError), runtime.loading():
         import mismatch_cli.no_such_module  # noqa: F401
     assert gc.isenabled()
 
 
 def test_the_cli_freezes_what_loaded(restored_collector: None) -> None:
     gc.enable()
-    collector.freeze_after_loading()
+    runtime._FREEZE[0] = True  # as one_command_process sets it, without touching this process's allocator
     before = gc.get_freeze_count()
-    with collector.loading():
+    with runtime.loading():
         kept = [[i] for i in range(1000)]
     assert gc.get_freeze_count() >= before + len(kept)
     assert gc.isenabled()
@@ -59,4 +59,13 @@ def test_torch_loads_with_the_collector_paused() -> None:
             "assert 'torch' in sys.modules and gc.isenabled(); assert seen == [False, False], seen; "
             "assert gc.get_freeze_count() == 0")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_cli_keeps_freed_memory_where_glibc_allocates() -> None:
+    # In a child process (mallopt changes the allocator for good): glibc takes both settings, elsewhere nothing is set.
+    code = ("import os, sys; from mismatch_cli.system import runtime; took = runtime.one_command_process(); "
+            "glibc = sys.platform.startswith('linux') and bool(os.confstr('CS_GNU_LIBC_VERSION')); "
+            "assert took is glibc, (took, glibc); assert runtime._FREEZE[0]")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
