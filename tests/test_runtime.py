@@ -4,6 +4,7 @@ what loaded frozen only in the CLI, and glibc's allocator keeping freed memory i
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 
@@ -62,10 +63,22 @@ def test_torch_loads_with_the_collector_paused() -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_the_cli_keeps_freed_memory_where_glibc_allocates() -> None:
-    # In a child process (mallopt changes the allocator for good): glibc takes both settings, elsewhere nothing is set.
+@pytest.mark.parametrize("blas", [None, "4"])
+def test_the_cli_keeps_freed_memory_and_one_blas_thread(blas: str | None) -> None:
+    # In a child process (mallopt changes the allocator for good): glibc takes both settings, elsewhere nothing is
+    # set; one OpenBLAS thread unless the user said how many.
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"} | ({"OPENBLAS_NUM_THREADS": blas}
+                                                                                  if blas else {})
     code = ("import os, sys; from mismatch_cli.system import runtime; took = runtime.one_command_process(); "
             "glibc = sys.platform.startswith('linux') and bool(os.confstr('CS_GNU_LIBC_VERSION')); "
-            "assert took is glibc, (took, glibc); assert runtime._FREEZE[0]")
+            "assert took is glibc, (took, glibc); assert runtime._FREEZE[0]; "
+            f"assert os.environ['OPENBLAS_NUM_THREADS'] == {blas or '1'!r}; assert 'numpy' not in sys.modules")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_cli_has_not_loaded_numpy_when_it_tunes_the_process() -> None:
+    # OPENBLAS_NUM_THREADS is read when numpy loads: the CLI's own imports must not load it before entry() runs.
+    code = "import sys, mismatch_cli.cli; assert 'numpy' not in sys.modules, 'numpy imported'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -10,8 +10,12 @@ Each chunk allocates a few dozen per-token arrays of 1-8 MiB. glibc returns such
 than a few MiB are free at the top of its heap, and the next chunk's arrays then fault in fresh zeroed pages: about
 half the page faults of a 100M-token run (0.2-0.4 s of system time). The CLI keeps up to TRIM_BYTES free for reuse.
 
+numpy's OpenBLAS starts a pool of threads per process that spin for a while after each call it spreads over
+them (a float64 dot product of a chunk's tail tokens, in the signatures' evidence); with `--jobs N`, N processes
+would each run such a pool. The CLI asks for one BLAS thread, unless OPENBLAS_NUM_THREADS says otherwise.
+
 A library caller keeps its process as it was: the collector paused only during the import, nothing frozen, the
-allocator untouched.
+allocator and BLAS threads untouched.
 """
 
 from __future__ import annotations
@@ -33,9 +37,10 @@ TRIM_BYTES = 256 << 20
 
 
 def one_command_process() -> bool:
-    """Tune this process for one command and exit (the CLI): `loading` freezes what loaded, and glibc keeps freed
-    memory for reuse; True when glibc took the allocator's settings."""
+    """Tune this process for one command and exit (the CLI), before numpy loads: `loading` freezes what loaded, one
+    BLAS thread, and glibc keeps freed memory for reuse; True when glibc took the allocator's settings."""
     _FREEZE[0] = True
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     return _keep_freed_memory()
 
 
