@@ -247,6 +247,8 @@ def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp
         forward += e * e if pair else 0.0
         e = o - pr
         backward += e * e if pair else 0.0
+    tail = np.empty(n, dtype=np.int64)  # the tail's tokens, listed without a branch: their slopes come after
+    tails = 0
     for t in range(n):
         b = bits[t]
         sketch[(b >> SHIFT) & (SKETCH_SIZE - 1)] += 1
@@ -256,10 +258,11 @@ def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp
         octaves[2, k] += ratio[t]
         octaves[3, k] += exp_abs[t]
         max_abs_p = max(max_abs_p, abs(exp_old[t] - exp_rollout[t]))  # here: a max would stop the vectorizing
-        o = old[t]
-        tail = o < below  # a stand-in divisor off the tail keeps the index finite (valid tokens are finite)
-        slope = rollout[t] / (o if tail else below) * scale
-        slopes[int(min(max(slope, np.float32(0.0)), top))] += tail
+        tail[tails] = t
+        tails += old[t] < below
+    for i in range(tails):  # a division per tail token only (most tokens are off the tail)
+        t = tail[i]
+        slopes[int(min(max(rollout[t] / old[t] * scale, np.float32(0.0)), top))] += 1
     t = 0
     for row in range(offsets.shape[0] - 1):
         begin = offsets[row]
