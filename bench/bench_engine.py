@@ -6,7 +6,8 @@
 Makes a `mismatch synth` dump per turn count (rows over 10 steps; kept in --workdir), reads it once into
 memory, then times `Analysis.update` + `finish` over those batches with the default and the full
 configuration (issue 23's: token IS with batch normalization, three RS options, `--by step`),
-alternating, one torch thread (as `analyze` runs). Prints Mtok/s per run and the best of each.
+alternating, one torch thread, the process tuned as `analyze` tunes its own (system/runtime.py). Prints
+Mtok/s per run and the best of each.
 `--fused` takes the fused CPU sweep (engine/kernels/sweep.py), as `analyze` does on inputs of 256 MiB or more;
 its thread's CPU time counts (the clock is the process's CPU time).
 `--profile` prints cProfile's top functions of one full-configuration run instead (on CUDA: torch's
@@ -36,6 +37,7 @@ from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.core.chunk import DEVICE_CHUNK_POSITIONS
 from mismatch_cli.engine.runner import Analysis, resolve_device
 from mismatch_cli.io import ReadOptions, discover_inputs, iter_batches
+from mismatch_cli.system.runtime import one_command_process
 
 FULL = CorrectionConfig(rollout_is="token", rollout_is_threshold=2.0, rollout_is_batch_normalize=True,
                         rollout_rs="seq_mean_k1,token_k3,seq_max_k2", rollout_rs_threshold="0.999_1.001,0.5,2.0")
@@ -151,6 +153,7 @@ def main() -> None:
     parser.add_argument("--gpu-sweep", choices=("on", "off", "both"), default="on")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    one_command_process()  # the allocator and collector as `analyze` has them
     args.workdir.mkdir(parents=True, exist_ok=True)
     for turns in args.turns:
         path = args.workdir / f"engine_{args.tokens}_{turns}_10steps.parquet"
