@@ -41,14 +41,22 @@ def test_loading_restores_the_collector_when_the_import_fails(restored_collector
     assert gc.isenabled()
 
 
-def test_the_cli_freezes_what_loaded(restored_collector: None) -> None:
+def test_the_cli_freezes_what_loaded_and_only_then(restored_collector: None) -> None:
     gc.enable()
     runtime._FREEZE[0] = True  # as one_command_process sets it, without touching this process's allocator
+    sys.modules.pop("json.tool", None)
     before = gc.get_freeze_count()
     with runtime.loading():
+        import json.tool  # noqa: F401 - a module loads: what is alive now is frozen
         kept = [[i] for i in range(1000)]
-    assert gc.get_freeze_count() >= before + len(kept)
+    frozen = gc.get_freeze_count()
+    assert frozen >= before + len(kept)
     assert gc.isenabled()
+    with runtime.loading():  # nothing new loads (a second analysis in one process): nothing more is frozen
+        import json.tool  # noqa: F401, F811
+        garbage = [[i] for i in range(1000)]
+    assert gc.get_freeze_count() == frozen
+    assert len(garbage) == 1000
 
 
 def test_torch_loads_with_the_collector_paused() -> None:

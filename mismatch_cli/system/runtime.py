@@ -60,13 +60,18 @@ def _keep_freed_memory() -> bool:
 
 @contextmanager
 def loading() -> Iterator[None]:
-    """Run the block (imports) with the cycle collector paused, then restore it; in the CLI, freeze what loaded."""
+    """Run the block (imports) with the cycle collector paused, then restore it; in the CLI, freeze what loaded.
+
+    Only a block that loaded modules freezes: a later analysis in the same process (`compare` reads several runs)
+    imports nothing new, and freezing then would keep its predecessors' uncollected cycles for good.
+    """
     enabled = gc.isenabled()
+    modules = len(sys.modules)
     gc.disable()
     try:
         yield
     finally:
-        if _FREEZE[0]:
+        if _FREEZE[0] and len(sys.modules) > modules:
             gc.freeze()
         if enabled:
             gc.enable()
