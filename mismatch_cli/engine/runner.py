@@ -193,20 +193,23 @@ class Analysis:
             start_token_sums(chunk)  # the fused sweep, on its own thread while the first accumulators fold
             self.overall.update(chunk)
         elif parts is not None:
-            # Each part is folded once, into a fresh breakdown state that merges into its step's and groups'
-            # states and into the overall one, as a shard's state would: the same as a reader that had cut
-            # its chunks there. A step's first part (one breakdown column) is folded into the step's new state.
+            # Each part is folded once, into a fresh breakdown state (a step's first part: the step's new state)
+            # that merges into its steps' and groups' states and the overall one, as a shard's would. The overall
+            # what-if ladder and worst rows, which no part has, fold the chunk once, whole (analysis.WHOLE_CHUNK).
+            whole = len(parts) > 1
             for labels_of_part, rows in parts:
                 part = chunk if rows is batch else make_chunk(rows, self.device, compute_dtype, self.fused)
                 start_token_sums(part)
                 shared = self._first_state(columns, labels_of_part) or self._breakdown()
-                self.overall.update_from(part, shared, shared.update(part))
+                self.overall.update_from(part, shared, shared.update(part), whole)
                 touched = [self._state(states, label) for (states, _), label in zip(columns, labels_of_part,
                                                                                     strict=True)]
                 for state in touched:
                     if state is not shared:
                         state.merge(shared)
                 self._rest(touched, keep=len(touched))  # the states before this part's are at rest
+            if whole:
+                self.overall.update_whole(chunk)
         else:  # a family reads the rows' order: each group's rows are analyzed again as a batch of their own
             start_token_sums(chunk)
             self.overall.update(chunk)
@@ -287,23 +290,10 @@ class Analysis:
         other.flush()
         self.any_rows |= other.any_rows
         self.overall.merge(other.overall)
-        for source, pack in other.packs.items():
-            if source in self.packs:
-                self.packs[source].merge(pack)
-            else:
-                self.packs[source] = pack
-        for step, accumulator in other.per_step.items():
-            if step in self.per_step:
-                self.per_step[step].merge(accumulator)
-            else:
-                self.per_step[step] = accumulator
+        _merge_by_key(self.packs, other.packs)
+        _merge_by_key(self.per_step, other.per_step)
         for column, accumulators in other.per_group.items():
-            mine = self.per_group.setdefault(column, {})
-            for label, accumulator in accumulators.items():
-                if label in mine:
-                    mine[label].merge(accumulator)
-                else:
-                    mine[label] = accumulator
+            _merge_by_key(self.per_group.setdefault(column, {}), accumulators)
         self._rest([*(self.per_step[step] for step in other.per_step),
                     *(self.per_group[column][label] for column, states in other.per_group.items() for label in states)],
                    keep=0)
@@ -383,6 +373,15 @@ def run(
     for batch in batches:
         analysis.update(batch)
     return analysis.finish(source_names)
+
+
+def _merge_by_key(mine: dict[Any, Any], theirs: dict[Any, Any]) -> None:
+    """Merge each of `theirs` into the state under its key in `mine`, or adopt it where `mine` has none."""
+    for key, state in theirs.items():
+        if key in mine:
+            mine[key].merge(state)
+        else:
+            mine[key] = state
 
 
 def _computed(state: BatchAccumulator, pack: bool) -> BatchResult:

@@ -189,6 +189,30 @@ def test_by_step_folds_each_chunk_once_and_changes_nothing(config: dict, aligned
         assert_same_tree(alone.overall.rounds, by_step.steps[step].rounds, 1e-12, f"step {step} rounds")
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["numpy", "fused"])
+def test_by_step_folds_the_overall_what_if_and_worst_rows_once_per_chunk(monkeypatch, fused: bool) -> None:
+    # Chunks of several small steps each: the overall what-if ladder and worst rows fold each chunk once, whole,
+    # so they are those of the run without --by step bit for bit (per part they differed in the last bits).
+    from mismatch_cli.engine.accumulators.whatif import WhatIfAccumulator
+    from mismatch_cli.engine.kernels import sweep
+
+    old, rollout, mask = random_dump(21, rows=90)
+    whole = batch_from_padded(old.astype(np.float32), rollout.astype(np.float32), mask,
+                              steps=np.repeat(np.arange(18), 5))
+    chunks = split(whole, [30, 60])
+    correction = resolve(CorrectionConfig())
+    calls = []
+    update = WhatIfAccumulator.update
+    monkeypatch.setattr(WhatIfAccumulator, "update", lambda self, chunk, d: calls.append(1) or update(self, chunk, d))
+    with sweep.forced(fused):
+        by_step = run(chunks, correction, device="cpu", by_step=True, fused=fused)
+        folded = len(calls)
+        plain = run(chunks, correction, device="cpu", fused=fused)
+    assert folded == len(chunks) and len(by_step.steps) == 18
+    assert by_step.overall.what_if == plain.overall.what_if
+    assert by_step.overall.worst_sequences == plain.overall.worst_sequences
+
+
 def test_joining_into_reused_host_buffers_copies_every_token_array() -> None:
     old, rollout, mask = random_dump(14, rows=30)
     whole = batch_from_padded(old, rollout, mask)
