@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -74,31 +74,58 @@ class Batch:
         `first_row` is the first selected row's index in the file; scattered rows keep theirs in `rows`.
         """
         lengths = np.diff(self.offsets)
-        positions = np.repeat(rows, lengths)
-        sub_lengths = lengths[rows]
-        offsets = np.concatenate([[0], np.cumsum(sub_lengths)]).astype(np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths[rows])]).astype(np.int64)
         picked = np.flatnonzero(rows)
-        numbers = self.row_numbers()[picked]
-        first = int(numbers[0]) if len(picked) else self.first_row
-        contiguous = self.rows is None and (len(picked) == 0 or int(picked[-1]) - int(picked[0]) == len(picked) - 1)
+        taken = self._taken(picked, np.repeat(rows, lengths), offsets, self.row_numbers()[picked])
+        return taken._unless_contiguous(self)
+
+    def group_rows(self, codes: np.ndarray, count: int) -> list[Batch]:
+        """`[select_rows(codes == g) for g in range(count)]` (`codes`: int [B], each in 0..count-1), with the
+        positions gathered once for every group rather than scanned once per group."""
+        order = np.argsort(codes, kind="stable")  # each group's rows together, in file order
+        lengths = np.diff(self.offsets)[order]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        positions = np.repeat(self.offsets[:-1][order] - offsets[:-1], lengths) + np.arange(offsets[-1])
+        grouped = self._taken(order, positions, offsets, self.row_numbers()[order])
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=count))]).tolist()
+        return [grouped._part(start, stop, self) for start, stop in zip(bounds[:-1], bounds[1:], strict=True)]
+
+    def _taken(self, rows: np.ndarray, positions: np.ndarray, offsets: np.ndarray, numbers: np.ndarray) -> Batch:
+        """The batch of `rows` (indices) whose per-token arrays are at `positions`; every row keeps its file index."""
         return Batch(
             old_log_probs=self.old_log_probs[positions],
             rollout_log_probs=self.rollout_log_probs[positions],
             response_mask=self.response_mask[positions],
             offsets=offsets,
             source=self.source,
-            first_row=first,
+            first_row=int(numbers[0]) if len(numbers) else self.first_row,
             steps=None if self.steps is None else self.steps[rows],
             sequence_ids=None if self.sequence_ids is None else self.sequence_ids[rows],
             labels=self.labels,
             groups={name: values[rows] for name, values in self.groups.items()},
             advantages=None if self.advantages is None else self.advantages[positions],
             process_index=None if self.process_index is None else self.process_index[rows],
-            rows=None if contiguous else numbers,
+            rows=numbers,
             policy_versions=None if self.policy_versions is None else self.policy_versions[rows],
             version_kind=self.version_kind,
             token_ids=None if self.token_ids is None else self.token_ids[positions],
         )
+
+    def _part(self, start: int, stop: int, origin: Batch) -> Batch:
+        """Rows `start:stop` of a batch `_taken` from `origin`, as select_rows would give them."""
+        part = self.slice_rows(start, stop)
+        assert part.rows is not None
+        first = int(part.rows[0]) if stop > start else origin.first_row
+        return replace(part, first_row=first)._unless_contiguous(origin)
+
+    def _unless_contiguous(self, origin: Batch) -> Batch:
+        """This selection of `origin`'s rows, its row indices dropped when they run on from `first_row` (as
+        `origin`'s did): such a batch is read as rows `first_row` onward."""
+        numbers = self.rows
+        assert numbers is not None
+        if origin.rows is None and (not len(numbers) or int(numbers[-1]) - int(numbers[0]) == len(numbers) - 1):
+            return replace(self, rows=None)
+        return self
 
     def slice_rows(self, start: int, stop: int) -> Batch:
         """Rows `start:stop` as views (no copy)."""

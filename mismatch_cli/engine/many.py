@@ -50,8 +50,9 @@ def run_many(batches: Iterable[Batch], corrections: Mapping[str, ResolvedCorrect
     for whole in batches:
         for batch in bounded(whole, MAX_CHUNK_POSITIONS):
             group_of = (batch.first_row + np.arange(batch.num_rows)) % groups
+            split = [batch] if groups == 1 else batch.group_rows(group_of, groups)
             for g in np.unique(group_of).tolist():
-                part = batch if groups == 1 else batch.select_rows(group_of == g)
+                part = split[g]
                 chunk = make_chunk(part, device_, compute_dtype)
                 for analyses in parts.values():
                     analyses[g].fold(part, chunk)

@@ -84,11 +84,9 @@ def combined_parts(batch: Batch, keys: list[np.ndarray], bounded: bool = True,
     combos, first, combo_of = np.unique(code, return_index=True, return_inverse=True)
     if bounded and len(combos) > max(MAX_PIECES, sum(len(unique) for unique in uniques)):
         return None
-    parts = []
-    for i, row in enumerate(first.tolist()):
-        label = tuple(_item(unique[inverse[row]]) for unique, inverse in zip(uniques, inverses, strict=True))
-        parts.append((label, batch if len(combos) == 1 else batch.select_rows(combo_of.reshape(-1) == i)))
-    return parts
+    rows = [batch] if len(combos) == 1 else batch.group_rows(combo_of.reshape(-1), len(combos))
+    return [(tuple(_item(unique[inverse[row]]) for unique, inverse in zip(uniques, inverses, strict=True)), part)
+            for row, part in zip(first.tolist(), rows, strict=True)]
 
 
 def _item(value: Any) -> Any:
