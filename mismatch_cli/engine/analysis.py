@@ -16,7 +16,7 @@ from mismatch_cli.engine.accumulators.importance import ImportanceAccumulator
 from mismatch_cli.engine.accumulators.offpolicy import OFFPOLICY_KEYS, OffPolicyAccumulator
 from mismatch_cli.engine.accumulators.rejection import RejectionAccumulator
 from mismatch_cli.engine.accumulators.rounds import RoundsAccumulator
-from mismatch_cli.engine.accumulators.signatures import SignaturesAccumulator
+from mismatch_cli.engine.accumulators.signatures import SignaturesAccumulator, fused_row_sums
 from mismatch_cli.engine.accumulators.whatif import WhatIfAccumulator
 from mismatch_cli.engine.accumulators.worst import WorstSequences
 from mismatch_cli.engine.core.bootstrap import DEFAULT_REPLICATES, BootstrapAccumulator
@@ -30,7 +30,6 @@ from mismatch_cli.engine.core.protocol import (
     check_order,
     finite_or_none,
 )
-from mismatch_cli.engine.kernels import sweep
 
 
 @dataclass
@@ -135,8 +134,7 @@ class BatchAccumulator:
 
     def update_whole(self, chunk: Chunk) -> None:
         """Fold a chunk whose parts went through `update_from(..., whole=True)` into the WHOLE_CHUNK accumulators."""
-        if sweep.wanted(chunk.old, chunk.fused):
-            chunk.fuse_row_sums()  # the row sums a run without --by takes: the same numbers
+        fused_row_sums(chunk)  # the row sums a run without --by takes: the same numbers
         for name in WHOLE_CHUNK:
             accumulator = getattr(self, name)
             if accumulator is not None:

@@ -80,29 +80,43 @@ def _host_octaves(delta: np.ndarray, device: torch.device) -> np.ndarray:
     return np.right_shift(delta.view(np.uint32), 23, out=out)  # unsigned: the sign bit lands on NUM_BUCKETS
 
 
-def start_token_sums(chunk: Chunk) -> None:
-    """Start the chunk's fused sweep: on a GPU its kernels, else on the sweep's thread, where it runs (the
-    accumulators before the diagnostics overlap with it); `token_sums` waits for it."""
-    laid_out = chunk.layout is not None and chunk.offsets is not None
-    if "token_sums" in chunk.shared or not chunk.num_tokens or not laid_out:
-        return
+def fused_row_sums(chunk: Chunk) -> str:
+    """Take the chunk's per-row sums in the fused pass where one runs: "gpu" (its kernels launched), "cpu" (the CPU
+    sweep's row-sum kernel), or "" where none runs (each sum is then taken when first asked for)."""
+    if not chunk.num_tokens or chunk.layout is None or chunk.offsets is None:
+        return ""
     if sweep_gpu.wanted(chunk.old):  # on a GPU: launched here, asynchronous like every device kernel
         try:
             chunk.fuse_row_sums()
+        except Exception as error:  # noqa: BLE001 - an optional accelerator: torch's passes take over
+            sweep_gpu.give_up(error)
+            return ""
+        return "gpu"
+    if not sweep.wanted(chunk.old, chunk.fused):
+        return ""
+    chunk.fuse_row_sums()
+    return "cpu"
+
+
+def start_token_sums(chunk: Chunk) -> None:
+    """Start the chunk's fused sweep: on a GPU its kernels, else on the sweep's thread, where it runs (the
+    accumulators before the diagnostics overlap with it); `token_sums` waits for it."""
+    if "token_sums" in chunk.shared:
+        return
+    where = fused_row_sums(chunk)
+    if where == "gpu":
+        try:
             chunk.shared["token_sums"] = sweep_gpu.token_sums(
                 chunk.old, chunk.rollout, chunk.ratio_safe, chunk.ratio_safe_sq, chunk.lengths, FILL_LOG_RATIO,
                 TAIL_NATS, SLOPE_BINS / SLOPE_RANGE, SLOPE_BINS)
         except Exception as error:  # noqa: BLE001 - an optional accelerator: torch's passes take over
             sweep_gpu.give_up(error)
-        return
-    if not sweep.wanted(chunk.old, chunk.fused):
-        return
-    assert chunk.layout is not None
-    chunk.fuse_row_sums()
-    chunk.shared["token_sums"] = sweep.start(
-        chunk.old.numpy(), chunk.rollout.numpy(), chunk.log_ratio.numpy(), chunk.abs_log_ratio.numpy(),
-        chunk.ratio_safe.numpy(), chunk.ratio_safe_sq.numpy(), chunk.lengths.numpy(), chunk.layout.keep.numpy(),
-        chunk.offsets, FILL_LOG_RATIO, TAIL_NATS, SLOPE_BINS / SLOPE_RANGE, SLOPE_BINS)
+    elif where == "cpu":
+        assert chunk.layout is not None
+        chunk.shared["token_sums"] = sweep.start(
+            chunk.old.numpy(), chunk.rollout.numpy(), chunk.log_ratio.numpy(), chunk.abs_log_ratio.numpy(),
+            chunk.ratio_safe.numpy(), chunk.ratio_safe_sq.numpy(), chunk.lengths.numpy(), chunk.layout.keep.numpy(),
+            chunk.offsets, FILL_LOG_RATIO, TAIL_NATS, SLOPE_BINS / SLOPE_RANGE, SLOPE_BINS)
 
 
 def token_sums(chunk: Chunk) -> TokenSums | None:
