@@ -145,13 +145,19 @@ def _run_local(files: Sequence[InputFile], read_options: ReadOptions, resolved: 
             early.close()
         raise
     if processes > 1:
+        from mismatch_cli.io.early import start_early_reads
         from mismatch_cli.processes import run_on_processes
 
         if early is not None:
             early.close()  # no GPU after all: the read-ahead threads stop before the workers fork
-        _load_engine()
-        return run_on_processes(files, read_options, _spec(files, resolved, dtype, by_step, rounds, group_by,
-                                                           bootstrap), processes, names, on_batch)
+        readers = start_early_reads(files, read_options, processes)  # they read while torch loads
+        try:
+            _load_engine()
+            return run_on_processes(files, read_options, _spec(files, resolved, dtype, by_step, rounds, group_by,
+                                                               bootstrap), processes, names, on_batch, readers)
+        finally:
+            if readers is not None:
+                readers.close()
     # closing(): an error in the engine stops the read-ahead threads now, not when the iterator is collected.
     with closing(early or iter_item_batches(files, read_options, workers=read_workers)) as tagged:
         # torch is imported only when analysis really runs, while the read-ahead threads read the first batches

@@ -13,22 +13,25 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from mismatch_cli.batch import Batch
 from mismatch_cli.errors import MismatchError, UsageError
 from mismatch_cli.io import InputFile, ReadOptions, read_work_item
+from mismatch_cli.io.handoff import load_batches
 from mismatch_cli.io.parallel import WorkItem, plan
+from mismatch_cli.system.runtime import worker_process
 
 if TYPE_CHECKING:  # the engine (torch) is imported when a run starts, not when the API is
     from mismatch_cli.engine.partial import PartialSpec
     from mismatch_cli.engine.runner import EngineResult
+    from mismatch_cli.io.early import EarlyReads
 
 MIN_JOBS_BYTES = 256 << 20  # auto: below this much input, one process (a worker's start costs ~1 s of imports)
 MAX_JOBS = 256
@@ -140,20 +143,6 @@ def _main_hidden() -> Iterator[None]:
             setattr(main, name, value)
 
 
-def _worker_start() -> None:
-    """In each worker: Ctrl-C and SIGTERM are the parent's to handle (it stops the workers, and says so in one line),
-    and on Linux a worker dies with its parent, never left blocked on a result nobody reads."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler, inherited by the fork
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-
-
 def _stop(pool: ProcessPoolExecutor) -> None:
     """Stop the workers now (an error or a signal in the parent): queued items are dropped and running ones killed,
     since a worker blocked writing a state nobody will read would otherwise outlive the run."""
@@ -163,7 +152,12 @@ def _stop(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _fold_item(item: WorkItem, options: ReadOptions, spec: PartialSpec) -> tuple[bytes, int]:
+def _batches(work: WorkItem | str, options: ReadOptions) -> Iterable[Batch]:
+    """A work item's Batches: read, or mapped from the shared-memory file an early reader handed over."""
+    return load_batches(work) if isinstance(work, str) else read_work_item(work, options)
+
+
+def _fold_item(work: WorkItem | str, options: ReadOptions, spec: PartialSpec) -> tuple[bytes, int]:
     """One work item's pickled partial state and the rows it read, in a worker (one torch thread)."""
     import pickle
 
@@ -172,25 +166,33 @@ def _fold_item(item: WorkItem, options: ReadOptions, spec: PartialSpec) -> tuple
     from mismatch_cli.engine.distributed import fold_partial
 
     torch.set_num_threads(1)
-    state, rows = fold_partial(read_work_item(item, options), spec)
+    state, rows = fold_partial(_batches(work, options), spec)
     return pickle.dumps(state), rows
 
 
 class _Schedule:
     """Hands out the items in input order: the workers' next ones are submitted ahead (at most `window` in flight),
-    and the parent folds the next one itself whenever the state to merge next is not ready yet."""
+    and the parent folds the next one itself whenever the state to merge next is not ready yet. An item read early
+    is submitted once its reader has handed it over."""
 
     def __init__(self, pool: ProcessPoolExecutor, items: list[WorkItem], options: ReadOptions, spec: PartialSpec,
-                 window: int) -> None:
+                 window: int, early: EarlyReads | None) -> None:
         self.pool, self.items, self.options, self.spec, self.window = pool, items, options, spec, window
+        self.early = early
         self.next_item = 0
         self.inflight: dict[int, Future[tuple[bytes, int]]] = {}
         self.local: dict[int, tuple[Any, int]] = {}
 
+    def _work(self, index: int) -> WorkItem | str:
+        handoff = self.early.handoff(index) if self.early is not None else None
+        return self.items[index] if handoff is None else handoff
+
     def _feed(self) -> None:
         while len(self.inflight) < self.window and self.next_item < len(self.items):
             index = self.next_item
-            self.inflight[index] = self.pool.submit(_fold_item, self.items[index], self.options, self.spec)
+            if self.early is not None and not self.early.ready(index):
+                return  # its reader is still on it
+            self.inflight[index] = self.pool.submit(_fold_item, self._work(index), self.options, self.spec)
             self.next_item += 1
 
     def states(self) -> Iterator[tuple[Any, int]]:
@@ -199,29 +201,31 @@ class _Schedule:
 
         for index in range(len(self.items)):
             self._feed()
-            while index not in self.local and not self.inflight[index].done() and self.next_item < len(self.items):
+            while index not in self.local and not (index in self.inflight and self.inflight[index].done()) \
+                    and self.next_item < len(self.items):
                 mine = self.next_item  # the parent works instead of waiting
                 self.next_item += 1
-                self.local[mine] = fold_partial(read_work_item(self.items[mine], self.options), self.spec)
+                self.local[mine] = fold_partial(_batches(self._work(mine), self.options), self.spec)
             yield self.local.pop(index) if index in self.local else self.inflight.pop(index).result()
 
 
 def run_on_processes(files: Sequence[InputFile], read_options: ReadOptions, spec: PartialSpec, jobs: int,
                      source_names: tuple[str, ...] = (),
-                     on_batch: Callable[[Any], None] | None = None) -> EngineResult:
-    """Analyze on this process and `jobs` - 1 worker processes, merging the partial states in input order."""
+                     on_batch: Callable[[Any], None] | None = None, early: EarlyReads | None = None) -> EngineResult:
+    """Analyze on this process and `jobs` - 1 worker processes, merging the partial states in input order (`early`:
+    the first items' readers, started before the engine loaded; stopped here, closed by the caller)."""
     import torch
 
     from mismatch_cli.engine.distributed import merge_states
 
     torch.set_num_threads(1)  # as every worker and the one-process run: the same arithmetic
-    items = plan(files)
+    items = early.items if early is not None else plan(files)
     if len(items) < 2:  # nothing to share: no worker is started
         from mismatch_cli.engine.distributed import fold_partial
 
         def here() -> Iterator[Any]:
             for item in items:
-                state, rows = fold_partial(read_work_item(item, read_options), spec)
+                state, rows = fold_partial(_batches(item, read_options), spec)
                 if on_batch is not None:
                     on_batch(SimpleNamespace(num_rows=rows))
                 yield state
@@ -233,11 +237,13 @@ def run_on_processes(files: Sequence[InputFile], read_options: ReadOptions, spec
 
         correction = spec.correction  # the forked workers inherit the loaded kernels this configuration calls
         preload(kernels_for(bool(correction.rs_options), correction.is_level == "token"))
+    if early is not None:
+        early.stop()  # the engine has loaded: from here on the workers read
     with _main_hidden(), ProcessPoolExecutor(max_workers=workers, mp_context=_context(),
-                                             initializer=_worker_start) as pool:
+                                             initializer=worker_process) as pool:
         try:
             def counted() -> Iterator[Any]:
-                for state, rows in _Schedule(pool, items, read_options, spec, 2 * workers).states():
+                for state, rows in _Schedule(pool, items, read_options, spec, 2 * workers, early).states():
                     if on_batch is not None:
                         on_batch(SimpleNamespace(num_rows=rows))  # the progress bar counts rows
                     yield state

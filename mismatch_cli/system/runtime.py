@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,6 +59,19 @@ def _keep_freed_memory() -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_BYTES))
 
 
+def worker_process() -> None:
+    """In a process forked to work for this one: Ctrl-C and SIGTERM are the parent's to handle (it stops its workers,
+    and says so in one line), and on Linux the process dies with its parent, never left blocked on a hand-over
+    nobody reads."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler, inherited by the fork
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
 @contextmanager
 def loading() -> Iterator[None]:
     """Run the block (imports) with the cycle collector paused, then restore it; in the CLI, freeze what loaded.
@@ -77,4 +91,4 @@ def loading() -> Iterator[None]:
             gc.enable()
 
 
-__all__ = ["MMAP_BYTES", "TRIM_BYTES", "loading", "one_command_process"]
+__all__ = ["MMAP_BYTES", "TRIM_BYTES", "loading", "one_command_process", "worker_process"]
