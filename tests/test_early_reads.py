@@ -235,3 +235,22 @@ def test_a_killed_runs_hand_overs_are_removed_by_the_next_run(dumps: list[str], 
     monkeypatch.setattr(early_reads, "engine_loaded", lambda: False)
     started(dumps, tmp_path).close()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, unrelated.name])
+
+
+@pytest.mark.parametrize("limit, used, starts", [("max\n", "900000000", True), ("1073741824", "900000000", False),
+                                                 ("9223372036854771712", "900000000", True)])
+def test_a_containers_memory_limit_bounds_the_early_reads(dumps: list[str], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch, limit: str, used: str,
+                                                          starts: bool) -> None:
+    (tmp_path / "max").write_text(limit)
+    (tmp_path / "current").write_text(used)
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(early_reads, "CGROUP_MEMORY", ((str(tmp_path / "max"), str(tmp_path / "current")),
+                                                       ("/nonexistent/limit", "/nonexistent/usage")))
+    monkeypatch.setattr(early_reads, "SHARED_MEMORY", str(shm))
+    monkeypatch.setattr(early_reads, "engine_loaded", lambda: False)
+    reads = early_reads.start_early_reads(discover_inputs(dumps), ReadOptions(), 2)
+    assert (reads is not None) == starts  # 1 GiB with 0.9 GB used leaves a quarter of 0.17 GB: too little
+    if reads is not None:
+        reads.close()

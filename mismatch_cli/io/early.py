@@ -3,10 +3,10 @@
 `import torch` takes a core for about 1.5 s before any worker can start, and a read needs no torch. So, on Linux,
 before the engine loads, N - 1 reader processes are forked (small: pyarrow and numpy only) and read the work items
 in input order, each into a file in shared memory (io/handoff.py), until the engine has loaded or they hold
-READER_BYTES each (at most a quarter of the available memory, half the free shared memory). Whoever folds an item
-(the parent or a worker) then maps its file instead of reading it; the Batches are the same bit for bit, so every
-number is too. An item a reader could not hand over (a read error, shared memory full) is read again by its folder,
-which meets the same error in input order, in the same words.
+READER_BYTES each (at most a quarter of the memory available, a container's limit counted, and half the free
+shared memory). Whoever folds an item (the parent or a worker) then maps its file instead of reading it; the Batches
+are the same bit for bit, so every number is too. An item a reader could not hand over (a read error, shared memory
+full) is read again by its folder, which meets the same error in input order, in the same words.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ from .parallel import WorkItem, plan
 READER_BYTES = 512 << 20  # the handed-over Batches one reader may hold (about 55 MiB per 6M tokens)
 SHARED_MEMORY = "/dev/shm"
 PREFIX = "mismatch-early-"  # + the pid of the run, so that the next run removes the folder of one that was killed
+# A container's memory limit and use, cgroup v2 then v1: shared memory counts against it.
+CGROUP_MEMORY = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                 ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
 _NEXT, _WRITTEN, _STOPPED = range(3)  # the shared counters: next item to claim, bytes handed over, stop flag
 
 
@@ -173,15 +176,25 @@ def engine_loaded() -> bool:
 
 
 def _available_memory() -> int:
-    """MemAvailable from /proc/meminfo, in bytes (0 when it cannot be read)."""
+    """The memory this process may still take, in bytes: /proc/meminfo's MemAvailable, or less where a container's
+    cgroup limit leaves less (0 when neither can be read)."""
+    available = 0
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    available = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return 0
+    for limit, usage in CGROUP_MEMORY:
+        try:
+            with open(limit) as limit_file, open(usage) as usage_file:
+                cap, used = limit_file.read().strip(), int(usage_file.read())
+        except (OSError, ValueError):
+            continue
+        if cap.isdigit():  # "max" (v2) or a huge number (v1): no limit
+            available = min(available, max(0, int(cap) - used))
+    return available
 
 
 def _free_bytes(directory: str) -> int:
