@@ -11,7 +11,8 @@ process (start-up and imports count, as a user sees them):
   read N    the same on N threads across files and row groups (the read limit of this machine);
   jobs 1    `mismatch analyze --device cpu --jobs 1` (one process);
   jobs N    `mismatch analyze --device cpu --jobs N` (N processes; N = the usable cores unless --jobs);
-  cuda      `mismatch analyze --device cuda` (when torch sees a GPU; --cuda-read-threads K adds it fed by K threads).
+  cuda      `mismatch analyze --device cuda` (when torch sees a GPU; --cuda-read-threads K adds it fed by K threads
+            instead of the reader processes).
 
 It prints wall seconds, Mtok/s, the ratio to `read N`, CPU seconds (all processes) and the largest process's
 peak RSS (for `jobs N`, the per-worker peak) as a Markdown table. `--full` adds token IS with batch normalization,
@@ -49,7 +50,8 @@ with ThreadPoolExecutor(int(sys.argv[1])) as pool:
 """
 
 API_CUDA = """
-import sys
+import os, sys
+os.environ["MISMATCH_EARLY_READS"] = "0"  # read-ahead threads only, not the reader processes
 from mismatch_cli.api import analyze
 analyze(sys.argv[2:], device="cuda", read_workers=int(sys.argv[1]))
 """

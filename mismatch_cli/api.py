@@ -20,9 +20,10 @@ from mismatch_cli.engine.core.breakdown import MISSING_LABEL
 from mismatch_cli.errors import UsageError
 from mismatch_cli.io import InputFile, ReadOptions, discover_inputs, discovery_warnings, iter_item_batches
 from mismatch_cli.io.discover import fingerprint_file
+from mismatch_cli.io.early import EarlyReads, start_early_reads
 from mismatch_cli.io.parallel import BackgroundHashes
 from mismatch_cli.io.remote import is_remote
-from mismatch_cli.processes import gpu_may_decide, read_threads, resolve_jobs
+from mismatch_cli.processes import early_readers, gpu_may_decide, read_threads, resolve_jobs
 from mismatch_cli.report import TOOL_NAME, InputSummary, Report
 from mismatch_cli.system.numbers import parse_integer
 from mismatch_cli.system.runtime import loading
@@ -135,8 +136,22 @@ def _run_local(files: Sequence[InputFile], read_options: ReadOptions, resolved: 
                dtype: str, by_step: bool, rounds: bool, group_by: tuple[str, ...], bootstrap: int, read_workers: int,
                jobs: int | None, names: tuple[str, ...], on_batch: Callable[[Any], None] | None) -> Any:
     """The local engine: worker processes, or this one (item by item on the CPU, streaming on a GPU)."""
+    # Reader processes start before anything imports torch (io/early.py), to read while it loads.
+    readers = start_early_reads(files, read_options, early_readers(jobs, files, device))
+    try:
+        return _run_here(files, read_options, resolved, device, dtype, by_step, rounds, group_by, bootstrap,
+                         read_workers, jobs, names, on_batch, readers)
+    finally:
+        if readers is not None:
+            readers.close()
+
+
+def _run_here(files: Sequence[InputFile], read_options: ReadOptions, resolved: ResolvedCorrection, device: str,
+              dtype: str, by_step: bool, rounds: bool, group_by: tuple[str, ...], bootstrap: int, read_workers: int,
+              jobs: int | None, names: tuple[str, ...], on_batch: Callable[[Any], None] | None,
+              readers: EarlyReads | None) -> Any:
     early = None
-    if gpu_may_decide(jobs, files, device):  # asking torch takes its import: the readers start first
+    if readers is None and gpu_may_decide(jobs, files, device):  # asking torch takes its import: read meanwhile
         early = iter_item_batches(files, read_options, workers=read_workers)
     try:
         processes = resolve_jobs(jobs, files, device)
@@ -145,22 +160,17 @@ def _run_local(files: Sequence[InputFile], read_options: ReadOptions, resolved: 
             early.close()
         raise
     if processes > 1:
-        from mismatch_cli.io.early import start_early_reads
         from mismatch_cli.processes import run_on_processes
 
         if early is not None:
             early.close()  # no GPU after all: the read-ahead threads stop before the workers fork
-        readers = start_early_reads(files, read_options, processes)  # they read while torch loads
-        try:
-            _load_engine()
-            return run_on_processes(files, read_options, _spec(files, resolved, dtype, by_step, rounds, group_by,
-                                                               bootstrap), processes, names, on_batch, readers)
-        finally:
-            if readers is not None:
-                readers.close()
+        _load_engine()
+        return run_on_processes(files, read_options, _spec(files, resolved, dtype, by_step, rounds, group_by,
+                                                           bootstrap), processes, names, on_batch, readers)
+    source = early or (readers.tagged(read_workers) if readers is not None else None)
     # closing(): an error in the engine stops the read-ahead threads now, not when the iterator is collected.
-    with closing(early or iter_item_batches(files, read_options, workers=read_workers)) as tagged:
-        # torch is imported only when analysis really runs, while the read-ahead threads read the first batches
+    with closing(source or iter_item_batches(files, read_options, workers=read_workers)) as tagged:
+        # torch is imported only when analysis really runs, while the readers read the first batches
         _load_engine()
         from mismatch_cli.engine.distributed import fold_items
         from mismatch_cli.engine.runner import resolve_device, run

@@ -81,6 +81,17 @@ def resolve_jobs(jobs: int | None, files: Sequence[InputFile], device: str) -> i
     return max(1, usable_cores())  # not capped by plan(files) here: that would read every parquet footer twice
 
 
+def early_readers(jobs: int | None, files: Sequence[InputFile], device: str) -> int:
+    """The processes that read work items while the engine loads (io/early.py): `jobs` - 1 for `--jobs N`; on an
+    input of MIN_JOBS_BYTES or more with `auto`, the usable cores but one (workers or a GPU will take them); none for
+    one process on the CPU, or where resolve_jobs will refuse the run."""
+    if jobs is not None:
+        return jobs - 1 if isinstance(jobs, int) and 1 < jobs <= MAX_JOBS and device in ("auto", "cpu") else 0
+    if not _large(files) or not (device in ("auto", "cpu") or device.startswith("cuda")):
+        return 0
+    return usable_cores() - 1
+
+
 GPU_DRIVER_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")  # NVIDIA's driver, AMD's (ROCm), WSL2's
 
 
@@ -259,5 +270,5 @@ def run_on_processes(files: Sequence[InputFile], read_options: ReadOptions, spec
             raise
 
 
-__all__ = ["MIN_JOBS_BYTES", "gpu_may_decide", "gpu_visible", "parse_jobs", "read_threads", "resolve_jobs",
-           "run_on_processes", "usable_cores"]
+__all__ = ["MIN_JOBS_BYTES", "early_readers", "gpu_may_decide", "gpu_visible", "parse_jobs", "read_threads",
+           "resolve_jobs", "run_on_processes", "usable_cores"]

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import mismatch_cli.api as api
 import mismatch_cli.io.early as early_reads
 from mismatch_cli.api import analyze
 from mismatch_cli.batch import Batch
@@ -95,8 +96,8 @@ def test_a_failed_hand_over_leaves_no_file(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def started(dumps: list[str], directory: Path, jobs: int = 2) -> early_reads.EarlyReads:
-    reads = early_reads.start_early_reads(discover_inputs(dumps), ReadOptions(), jobs)
+def started(dumps: list[str], directory: Path, readers: int = 1) -> early_reads.EarlyReads:
+    reads = early_reads.start_early_reads(discover_inputs(dumps), ReadOptions(), readers)
     assert reads is not None
     return reads
 
@@ -117,9 +118,11 @@ def test_every_number_is_the_same_whatever_was_read_early(dumps: list[str], smal
     assert items >= 8
     real, opened, left = early_reads.start_early_reads, [], []
 
-    def start(files: object, options: object, processes: int) -> early_reads.EarlyReads | None:
-        reads = real(files, options, processes)
-        assert reads is not None
+    def start(files: object, options: object, readers: int) -> early_reads.EarlyReads | None:
+        reads = real(files, options, readers)
+        assert (reads is not None) == (readers > 0)
+        if reads is None:
+            return None
         opened.append(reads)
         if wait:  # all of them read before the engine "loads"; else none or some, as the race goes
             every_item_read_early(tmp_path, items)
@@ -134,7 +137,7 @@ def test_every_number_is_the_same_whatever_was_read_early(dumps: list[str], smal
 
     monkeypatch.setattr(early_reads, "SHARED_MEMORY", str(tmp_path))
     monkeypatch.setattr(early_reads, "engine_loaded", lambda: False)
-    monkeypatch.setattr(early_reads, "start_early_reads", start)
+    monkeypatch.setattr(api, "start_early_reads", start)
     assert report(dumps, jobs) == one
     assert opened and left == [] and list(tmp_path.iterdir()) == []  # every hand-over taken, the folder removed
     if wait:
@@ -254,3 +257,98 @@ def test_a_containers_memory_limit_bounds_the_early_reads(dumps: list[str], tmp_
     assert (reads is not None) == starts  # 1 GiB with 0.9 GB used leaves a quarter of 0.17 GB: too little
     if reads is not None:
         reads.close()
+
+
+def batches_of(tagged: object) -> list[tuple[int, Batch]]:
+    try:
+        return list(tagged)  # type: ignore[call-overload]
+    finally:
+        tagged.close()  # type: ignore[attr-defined]
+
+
+def assert_same_batches(one: list[tuple[int, Batch]], other: list[tuple[int, Batch]]) -> None:
+    assert [index for index, _ in one] == [index for index, _ in other]
+    for (_, mine), (_, theirs) in zip(one, other, strict=True):
+        for field in dataclasses.fields(Batch):
+            assert same_bits(getattr(mine, field.name), getattr(theirs, field.name)), field.name
+
+
+@pytest.mark.parametrize("readers, budget", [(1, 1), (3, 1), (2, 1 << 30)])
+def test_a_gpu_runs_readers_hand_over_every_item_in_order(dumps: list[str], small_items: None, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch, readers: int,
+                                                          budget: int) -> None:
+    # On a GPU the readers are never stopped: they read every item ahead of the one process that feeds it, within
+    # the budget of what it has not taken yet (1 byte: one item at a time, so a reader waits for the consumer).
+    from mismatch_cli.io import iter_item_batches
+
+    files = discover_inputs(dumps)
+    items = plan(files)
+    taken: list[str] = []
+
+    def load(path: str) -> list[Batch]:
+        taken.append(path)
+        return load_batches(path)
+
+    monkeypatch.setattr(early_reads, "load_batches", load)
+    (tmp_path / "early").mkdir()
+    reads = early_reads.EarlyReads(items, ReadOptions(), readers, budget, str(tmp_path / "early"))
+    try:
+        handed = batches_of(reads.tagged())
+    finally:
+        reads.close()
+    assert_same_batches(handed, batches_of(iter_item_batches(files, ReadOptions(), workers=2)))
+    assert len(taken) == len(items) >= 8  # every item handed over, none read here
+
+
+def test_a_gpu_runs_bad_item_fails_where_a_read_would(dumps: list[str], tmp_path: Path) -> None:
+    from mismatch_cli.io import iter_item_batches
+
+    bad = tmp_path / "zz.parquet"
+    bad.write_bytes(b"PAR1 not parquet at all PAR1")
+    files = discover_inputs([dumps[0], str(bad), dumps[1]])
+
+    def until_error(tagged: object) -> tuple[list[tuple[int, Batch]], str]:
+        seen: list[tuple[int, Batch]] = []
+        try:
+            for pair in tagged:  # type: ignore[attr-defined]
+                seen.append(pair)
+        except MismatchError as exc:
+            return seen, str(exc)
+        finally:
+            tagged.close()  # type: ignore[attr-defined]
+        raise AssertionError("no error")
+
+    shm = tmp_path / "early"
+    shm.mkdir()
+    reads = early_reads.EarlyReads(plan(files), ReadOptions(), 2, 1 << 30, str(shm))
+    try:
+        handed, error = until_error(reads.tagged())
+    finally:
+        reads.close()
+    read, expected = until_error(iter_item_batches(files, ReadOptions(), workers=2))
+    assert error == expected and "zz.parquet" in error
+    assert_same_batches(handed, read)
+
+
+def test_one_process_fed_by_the_readers_reports_the_same(dumps: list[str], small_items: None, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # The path a GPU run takes (readers never stopped, one process taking every item), folded on the CPU here.
+    one = report(dumps, 1)
+    monkeypatch.setattr(early_reads, "SHARED_MEMORY", str(tmp_path))
+    monkeypatch.setattr(early_reads, "engine_loaded", lambda: False)
+    monkeypatch.setattr(api, "early_readers", lambda jobs, files, device: 2)
+    monkeypatch.setattr(api, "resolve_jobs", lambda jobs, files, device: 1)
+    opened = []
+    real = early_reads.EarlyReads.tagged
+    monkeypatch.setattr(early_reads.EarlyReads, "tagged", lambda self, *a: opened.append(self) or real(self, *a))
+    assert report(dumps, 1) == one
+    assert opened and list(tmp_path.iterdir()) == []
+
+
+def test_the_switch_turns_the_readers_off(dumps: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(early_reads, "SHARED_MEMORY", str(tmp_path))
+    monkeypatch.setattr(early_reads, "engine_loaded", lambda: False)
+    monkeypatch.setenv("MISMATCH_EARLY_READS", "0")
+    assert early_reads.start_early_reads(discover_inputs(dumps), ReadOptions(), 2) is None
+    monkeypatch.setenv("MISMATCH_EARLY_READS", "1")
+    started(dumps, tmp_path).close()

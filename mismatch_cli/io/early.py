@@ -1,12 +1,15 @@
-"""`--jobs N`'s first work items, read by N - 1 processes while this one loads the engine.
+"""Work items read by other processes while this one loads the engine: `--jobs N`'s first ones, or a GPU run's all.
 
-`import torch` takes a core for about 1.5 s before any worker can start, and a read needs no torch. So, on Linux,
-before the engine loads, N - 1 reader processes are forked (small: pyarrow and numpy only) and read the work items
-in input order, each into a file in shared memory (io/handoff.py), until the engine has loaded or they hold
-READER_BYTES each (at most a quarter of the memory available, a container's limit counted, and half the free
-shared memory). Whoever folds an item (the parent or a worker) then maps its file instead of reading it; the Batches
-are the same bit for bit, so every number is too. An item a reader could not hand over (a read error, shared memory
-full) is read again by its folder, which meets the same error in input order, in the same words.
+`import torch` takes a core for about 1.5 s (with CUDA's start on a GPU machine, several) before a worker can fork
+or a GPU take a chunk, and a read needs no torch. So, on Linux, before the engine loads, reader processes are forked
+(small: pyarrow and numpy only, one Arrow thread each) and read the work items in input order, each into a file in
+shared memory (io/handoff.py), while the items handed over and not yet taken stay within READER_BYTES a reader (at
+most a quarter of the memory available, a container's limit counted, and half the free shared memory). With
+`--jobs N` (N - 1 readers) they stop once the engine has loaded and the workers read the rest; on a GPU (a reader per
+core but one) they read every item ahead of the process that feeds it. Whoever folds an item maps its file instead
+of reading it: the Batches are the same bit for bit, so every number is too. An item a reader could not hand over
+(a read error, shared memory full) is read again by its folder, which meets the same error in input order, in the
+same words; no reader goes on after one.
 """
 
 from __future__ import annotations
@@ -16,30 +19,39 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..batch import Batch
 from ..errors import MismatchError
 from ..system.runtime import worker_process
-from . import InputFile, ReadOptions, read_work_item
-from .handoff import write_batches
-from .parallel import WorkItem, plan
+from . import InputFile, ReadOptions, _Guarded, _read_file, read_work_item
+from .handoff import load_batches, write_batches
+from .parallel import ReadAhead, WorkItem, plan
 
 READER_BYTES = 512 << 20  # the handed-over Batches one reader may hold (about 55 MiB per 6M tokens)
 SHARED_MEMORY = "/dev/shm"
+SWITCH = "MISMATCH_EARLY_READS"  # "0": no reader processes (the threads of one process, or the workers, read)
 PREFIX = "mismatch-early-"  # + the pid of the run, so that the next run removes the folder of one that was killed
 # A container's memory limit and use, cgroup v2 then v1: shared memory counts against it.
 CGROUP_MEMORY = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
                  ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
-_NEXT, _WRITTEN, _STOPPED = range(3)  # the shared counters: next item to claim, bytes handed over, stop flag
+_NEXT, _HELD, _STOPPED = range(3)  # the shared counters: next item to claim, bytes handed over and not taken, stop
+_POLL_S = 0.05  # how often a consumer waiting for an item looks whether the readers stopped
+_FULL_S = 0.005  # how long a reader waits for the budget to free
 
 
 class EarlyReads:
-    """The reader processes and their hand-overs: `stop()` once the engine has loaded, then `handoff(i)` per item."""
+    """The reader processes and their hand-overs, taken in input order with `handoff(i)` or `tagged()`.
+
+    For `--jobs`, `stop()` once the engine has loaded: the workers read the rest. A GPU run never stops them: they
+    read every item ahead of the one process that feeds the GPU, within the budget of what it has yet to take.
+    """
 
     def __init__(self, items: list[WorkItem], options: ReadOptions, readers: int, budget: int,
                  directory: str) -> None:
-        self.items = items
+        self.items, self._options = items, options
         self._directory = directory
         context = multiprocessing.get_context("fork")
         self._shared = context.Array("q", 3)
@@ -56,7 +68,7 @@ class EarlyReads:
         finally:
             send.close()  # the readers hold the only write ends: the pipe ends when the last of them does
         self._claimed: int | None = None
-        self._delivered: dict[int, str | None] = {}
+        self._delivered: dict[int, tuple[str | None, int]] = {}
 
     def stop(self) -> int:
         """Let the readers claim no more items (each finishes the one it is on); how many of the first they claimed."""
@@ -66,7 +78,7 @@ class EarlyReads:
         return self._claimed
 
     def ready(self, index: int) -> bool:
-        """Whether item `index` can be had without waiting (read ahead and handed over, or not read ahead)."""
+        """After stop(): whether item `index` can be had without waiting (handed over, or not read early)."""
         if self._claimed is None or index >= self._claimed or index in self._delivered:
             return True
         while index not in self._delivered and self._receive.poll():
@@ -74,23 +86,46 @@ class EarlyReads:
         return index in self._delivered
 
     def handoff(self, index: int) -> str | None:
-        """The shared-memory file of item `index` once its reader is done (None: read it, as if never read ahead)."""
-        if self._claimed is None:
-            raise RuntimeError("stop() the early reads before taking their items")
-        if index >= self._claimed:
-            return None
+        """The shared-memory file of item `index`, once its reader is done (None: no reader will read it)."""
         while index not in self._delivered:
-            self._receive_one()
-        return self._delivered.pop(index)
+            with self._shared.get_lock():
+                unclaimed, stopped = index >= self._shared[_NEXT], self._shared[_STOPPED]
+            if unclaimed and stopped:
+                return None
+            if self._receive.poll(_POLL_S):
+                self._receive_one()
+        path, size = self._delivered.pop(index)
+        with self._shared.get_lock():
+            self._shared[_HELD] -= size  # the budget a reader waits for
+        return path
+
+    def tagged(self, read_workers: int = 2) -> Iterator[tuple[int, Batch]]:
+        """Every item's Batches with its index, in input order: handed over, then, once the readers stop (an error),
+        read here on `read_workers` threads. `close()` it to stop those threads."""
+        return _Guarded(self._tagged(read_workers))
+
+    def _tagged(self, read_workers: int) -> Iterator[tuple[int, Batch]]:
+        for index in range(len(self.items)):
+            path = self.handoff(index)
+            if path is None:
+                rest = ReadAhead(self.items[index:], self._options, _read_file, read_workers, 4)
+                try:
+                    for batch in rest:
+                        yield index + rest.item_index, batch
+                finally:
+                    rest.close()
+                return
+            for batch in load_batches(path):
+                yield index, batch
 
     def _receive_one(self) -> None:
         try:
-            index, path = self._receive.recv()
+            index, path, size = self._receive.recv()
         except EOFError:
             raise MismatchError("a process reading ahead stopped before it handed its work over (killed, or out of "
                                 "memory)", hint="run again with fewer processes (--jobs 1 reads in this process)") \
                 from None
-        self._delivered[index] = path
+        self._delivered[index] = (path, size)
 
     def close(self) -> None:
         """Stop the readers and remove the files nobody took."""
@@ -106,7 +141,8 @@ class EarlyReads:
 
 def _read_items(items: list[WorkItem], options: ReadOptions, budget: int, directory: str, shared: Any,
                 send: Any) -> None:
-    """A reader: claim the next item, read it, hand its Batches over, until stopped, out of items or of budget."""
+    """A reader: claim the next item, read it, hand its Batches over, until stopped or out of items (waiting while
+    the handed-over items not yet taken fill the budget)."""
     worker_process()
     import pyarrow
 
@@ -114,9 +150,14 @@ def _read_items(items: list[WorkItem], options: ReadOptions, budget: int, direct
     while True:
         with shared.get_lock():
             index = shared[_NEXT]
-            if shared[_STOPPED] or index >= len(items) or shared[_WRITTEN] >= budget:
+            if shared[_STOPPED] or index >= len(items):
                 return
-            shared[_NEXT] = index + 1
+            full = shared[_HELD] >= budget
+            if not full:
+                shared[_NEXT] = index + 1
+        if full:
+            time.sleep(_FULL_S)
+            continue
         path: str | None = os.path.join(directory, f"item-{index}")
         try:
             size = write_batches(read_work_item(items[index], options), path)
@@ -125,19 +166,21 @@ def _read_items(items: list[WorkItem], options: ReadOptions, budget: int, direct
             with shared.get_lock():
                 shared[_STOPPED] = 1
         with shared.get_lock():
-            shared[_WRITTEN] += size
-        send.send((index, path))
+            shared[_HELD] += size
+        send.send((index, path, size))
 
 
-def start_early_reads(files: Sequence[InputFile], options: ReadOptions, jobs: int) -> EarlyReads | None:
-    """Fork `jobs` - 1 readers of the first work items when the engine has yet to load (Linux; None elsewhere, with
+def start_early_reads(files: Sequence[InputFile], options: ReadOptions, readers: int) -> EarlyReads | None:
+    """Fork up to `readers` readers of the work items when the engine has yet to load (Linux; None elsewhere, with
     fewer than two items, or where shared memory is short)."""
-    if jobs < 2 or engine_loaded() or not sys.platform.startswith("linux") or not os.path.isdir(SHARED_MEMORY):
+    if readers < 1 or engine_loaded() or not sys.platform.startswith("linux") or not os.path.isdir(SHARED_MEMORY):
+        return None
+    if os.environ.get(SWITCH, "").strip() == "0":
         return None
     if "fork" not in multiprocessing.get_all_start_methods():
         return None
     items = plan(files)
-    readers = min(jobs - 1, len(items) - 1)
+    readers = min(readers, len(items) - 1)
     budget = min(readers * READER_BYTES, _available_memory() // 4, _free_bytes(SHARED_MEMORY) // 2)
     if readers < 1 or budget < READER_BYTES // 8:
         return None
