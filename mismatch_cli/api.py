@@ -81,8 +81,8 @@ def analyze(
     `on_batch`, when given, sees every Batch as it is read (e.g. to drive a progress bar). `jobs` worker
     processes analyze a CPU run's work items (None: the usable cores on a large input, else 1); every number is
     the same whatever `jobs` is; `read_workers` read-ahead threads feed one process where no reader processes do
-    (io/early.py; None: half the usable cores, 2 to 8). `hash_inputs`: the SHA-256 of every local input (None: when they hold at most
-    FULL_HASH_BYTES together; every local input always gets its cheap fingerprint).
+    (io/early.py; None: half the usable cores, 2 to 8). `hash_inputs`: the SHA-256 of every local input (None:
+    when they hold at most FULL_HASH_BYTES together; every local input always gets its cheap fingerprint).
     """
     correction = correction or CorrectionConfig()
     if not isinstance(correction, CorrectionConfig):

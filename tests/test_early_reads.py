@@ -84,6 +84,10 @@ def test_a_handed_over_batch_is_the_written_one_bit_for_bit(tmp_path: Path) -> N
             assert same_bits(getattr(original, field.name), getattr(copy, field.name)), field.name
     assert loaded[0].old_log_probs.flags.writeable and loaded[0].old_log_probs.ctypes.data % 64 == 0
     loaded[0].old_log_probs[0] = 5.0  # copy-on-write: writable like a read's arrays
+    write_batches(iter([second, batch]), path)  # the full record second: its arrays aligned all the same
+    again = load_batches(path)[1]
+    assert all(getattr(again, name).ctypes.data % 64 == 0 for name in ("old_log_probs", "token_ids", "advantages"))
+    assert write_batches(iter([]), path) == 0 and load_batches(path) == [] and not os.path.exists(path)
 
 
 def test_a_failed_hand_over_leaves_no_file(tmp_path: Path) -> None:
@@ -273,16 +277,20 @@ def assert_same_batches(one: list[tuple[int, Batch]], other: list[tuple[int, Bat
             assert same_bits(getattr(mine, field.name), getattr(theirs, field.name)), field.name
 
 
-@pytest.mark.parametrize("readers, budget", [(1, 1), (3, 1), (2, 1 << 30)])
+@pytest.mark.parametrize("readers, budget", [(1, 0), (3, 0), (2, 1 << 30)])
 def test_a_gpu_runs_readers_hand_over_every_item_in_order(dumps: list[str], small_items: None, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch, readers: int,
                                                           budget: int) -> None:
     # On a GPU the readers are never stopped: they read every item ahead of the one process that feeds it, within
-    # the budget of what it has not taken yet (1 byte: one item at a time, so a reader waits for the consumer).
+    # the budget of what it has not taken yet (0: the largest item's size, so a reader waits for the consumer).
     from mismatch_cli.io import iter_item_batches
 
     files = discover_inputs(dumps)
     items = plan(files)
+    if budget == 0:
+        sizes = [write_batches(read_work_item(item, ReadOptions()), str(tmp_path / f"size{i}"))
+                 for i, item in enumerate(items)]
+        budget = max(size or 0 for size in sizes)
     taken: list[str] = []
 
     def load(path: str) -> list[Batch]:
@@ -292,6 +300,7 @@ def test_a_gpu_runs_readers_hand_over_every_item_in_order(dumps: list[str], smal
     monkeypatch.setattr(early_reads, "load_batches", load)
     (tmp_path / "early").mkdir()
     reads = early_reads.EarlyReads(items, ReadOptions(), readers, budget, str(tmp_path / "early"))
+    assert len(items) >= 8
     try:
         handed = batches_of(reads.tagged())
     finally:
@@ -352,3 +361,28 @@ def test_the_switch_turns_the_readers_off(dumps: list[str], tmp_path: Path, monk
     assert early_reads.start_early_reads(discover_inputs(dumps), ReadOptions(), 2) is None
     monkeypatch.setenv("MISMATCH_EARLY_READS", "1")
     started(dumps, tmp_path).close()
+
+
+def test_an_item_larger_than_the_budget_is_read_by_its_folder(dumps: list[str], small_items: None, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # A whole file of another format is one item: a reader gives it up past the budget (no file, no stop), and its
+    # folder reads it, while the items around it are still handed over.
+    from mismatch_cli.io import iter_item_batches
+
+    files = discover_inputs(dumps)
+    items = plan(files)
+    sizes = [write_batches(read_work_item(item, ReadOptions()), str(tmp_path / f"size{i}")) or 0
+             for i, item in enumerate(items)]
+    budget = sorted(sizes)[-2]  # the largest item does not fit
+    taken: list[str] = []
+    monkeypatch.setattr(early_reads, "load_batches", lambda path: taken.append(path) or load_batches(path))
+    (tmp_path / "early").mkdir()
+    reads = early_reads.EarlyReads(items, ReadOptions(), 2, budget, str(tmp_path / "early"))
+    try:
+        handed = batches_of(reads.tagged())
+    finally:
+        reads.close()
+    assert_same_batches(handed, batches_of(iter_item_batches(files, ReadOptions(), workers=2)))
+    assert len(taken) == len(items) - sizes.count(max(sizes))
+    assert write_batches(read_work_item(items[0], ReadOptions()), str(tmp_path / "small"), limit=10) is None
+    assert not (tmp_path / "small").exists()

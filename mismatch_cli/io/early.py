@@ -89,8 +89,8 @@ class EarlyReads:
         """The shared-memory file of item `index`, once its reader is done (None: no reader will read it)."""
         while index not in self._delivered:
             with self._shared.get_lock():
-                unclaimed, stopped = index >= self._shared[_NEXT], self._shared[_STOPPED]
-            if unclaimed and stopped:
+                unclaimed = index >= self._shared[_NEXT]
+            if unclaimed and self._stopped():
                 return None
             if self._receive.poll(_POLL_S):
                 self._receive_one()
@@ -100,14 +100,18 @@ class EarlyReads:
         return path
 
     def tagged(self, read_workers: int = 2) -> Iterator[tuple[int, Batch]]:
-        """Every item's Batches with its index, in input order: handed over, then, once the readers stop (an error),
-        read here on `read_workers` threads. `close()` it to stop those threads."""
+        """Every item's Batches with its index, in input order: handed over (one too large for the budget read here),
+        then, once the readers stop (an error), read here on `read_workers` threads. `close()` stops those threads."""
         return _Guarded(self._tagged(read_workers))
 
     def _tagged(self, read_workers: int) -> Iterator[tuple[int, Batch]]:
         for index in range(len(self.items)):
             path = self.handoff(index)
-            if path is None:
+            if path is not None:
+                yield from ((index, batch) for batch in load_batches(path))
+            elif not self._stopped():  # too large to hand over: read here
+                yield from ((index, batch) for batch in read_work_item(self.items[index], self._options))
+            else:
                 rest = ReadAhead(self.items[index:], self._options, _read_file, read_workers, 4)
                 try:
                     for batch in rest:
@@ -115,8 +119,10 @@ class EarlyReads:
                 finally:
                     rest.close()
                 return
-            for batch in load_batches(path):
-                yield index, batch
+
+    def _stopped(self) -> bool:
+        with self._shared.get_lock():
+            return bool(self._shared[_STOPPED])
 
     def _receive_one(self) -> None:
         try:
@@ -159,15 +165,15 @@ def _read_items(items: list[WorkItem], options: ReadOptions, budget: int, direct
             time.sleep(_FULL_S)
             continue
         path: str | None = os.path.join(directory, f"item-{index}")
-        try:
-            size = write_batches(read_work_item(items[index], options), path)
+        try:  # an item larger than the whole budget (a big file read whole) is left to its folder
+            size = write_batches(read_work_item(items[index], options), path, limit=budget) or 0
         except Exception:  # its folder reads it again and reports the error, in input order; no reader goes on
-            size, path = 0, None
+            size = 0
             with shared.get_lock():
                 shared[_STOPPED] = 1
         with shared.get_lock():
             shared[_HELD] += size
-        send.send((index, path, size))
+        send.send((index, path if size else None, size))
 
 
 def start_early_reads(files: Sequence[InputFile], options: ReadOptions, readers: int) -> EarlyReads | None:
