@@ -145,9 +145,13 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_a_signal_stops_every_worker_of_jobs(tmp_path: Path, dump: Path) -> None:
+@pytest.mark.parametrize("early_reads", ["1", "0"])
+def test_a_signal_stops_every_worker_of_jobs(tmp_path: Path, dump: Path, monkeypatch: pytest.MonkeyPatch,
+                                             early_reads: str) -> None:
     # A worker stopped mid-item must not outlive the run: one left blocked writing its state to a pipe nobody reads
-    # kept its memory until it was killed by hand. (SIGTERM takes the same path in the parent: its `except`.)
+    # kept its memory until it was killed by hand. (SIGTERM takes the same path in the parent: its `except`.) With
+    # early reads the first process to hold is a reader forked before torch loads; without, a worker of the pool.
+    monkeypatch.setenv("MISMATCH_EARLY_READS", early_reads)
     work = tmp_path / "work"
     work.mkdir()
     second = tmp_path / "second.parquet"
