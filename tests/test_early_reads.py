@@ -386,3 +386,17 @@ def test_an_item_larger_than_the_budget_is_read_by_its_folder(dumps: list[str], 
     assert len(taken) == len(items) - sizes.count(max(sizes))
     assert write_batches(read_work_item(items[0], ReadOptions()), str(tmp_path / "small"), limit=10) is None
     assert not (tmp_path / "small").exists()
+
+
+def test_no_process_to_spare_means_no_early_reads_and_no_folder(dumps: list[str], tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(early_reads, "SHARED_MEMORY", str(tmp_path))
+    monkeypatch.setattr(early_reads, "engine_loaded", lambda: False)
+    monkeypatch.setattr(multiprocessing.get_context("fork"), "Array", refused)
+    assert early_reads.start_early_reads(discover_inputs(dumps), ReadOptions(), 2) is None
+    assert list(tmp_path.iterdir()) == []

@@ -197,7 +197,8 @@ def start_early_reads(files: Sequence[InputFile], options: ReadOptions, readers:
         return None
     try:
         return EarlyReads(items, options, readers, budget, directory)
-    except OSError:  # no process to spare (fork refused): the workers read everything, as without early reads
+    except OSError:  # no process, pipe or semaphore to spare: the run reads everything itself, as without them
+        shutil.rmtree(directory, ignore_errors=True)
         return None
 
 
