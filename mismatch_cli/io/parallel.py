@@ -26,6 +26,7 @@ from mismatch_cli.io.options import ReadOptions
 from mismatch_cli.io.parquet import row_group_bytes
 
 ITEM_BYTES = 64 << 20  # a work item's row groups hold at least this much uncompressed data (or the whole file)
+TAIL_FROM_BYTES, TAIL_SHARE, TAIL_SPLIT = 256 << 20, 0.1, 4  # the last tenth of a large input in quarter items
 _DONE = object()
 _FINISHED: queue.Queue = queue.Queue()
 _POLL_S = 0.05
@@ -43,19 +44,25 @@ class WorkItem:
 
 def plan(files: Sequence, item_bytes: int | None = None) -> list[WorkItem]:
     """Cut the inputs into work items, in input order: a parquet file into runs of row groups that each reach
-    `item_bytes` (default ITEM_BYTES) uncompressed (the last run takes the rest), any other file whole."""
+    `item_bytes` (default ITEM_BYTES) uncompressed (the last run takes the rest), any other file whole. On an input
+    of TAIL_FROM_BYTES or more, the last TAIL_SHARE of it is cut TAIL_SPLIT times finer, so that processes sharing
+    the items finish together (whatever their number: the plan never depends on it)."""
     item_bytes = item_bytes or ITEM_BYTES
+    sizes = [row_group_bytes(file.path) if file.format == "parquet" else [] for file in files]
+    total = sum(sum(groups) for groups in sizes)
+    tail_from = total * (1 - TAIL_SHARE) if total >= TAIL_FROM_BYTES else total
     items: list[WorkItem] = []
-    for file in files:
-        sizes = row_group_bytes(file.path) if file.format == "parquet" else []
+    seen = 0
+    for file, groups in zip(files, sizes, strict=True):
         runs: list[list[int]] = [[]]
         held = 0
-        for index, size in enumerate(sizes):
-            if held >= item_bytes:
+        for index, size in enumerate(groups):
+            if held >= (item_bytes if seen < tail_from else max(1, item_bytes // TAIL_SPLIT)):
                 runs.append([])
                 held = 0
             runs[-1].append(index)
             held += size
+            seen += size
         if len(runs) > 1:
             items += [WorkItem(file.path, file.format, tuple(run)) for run in runs]
         else:

@@ -55,3 +55,30 @@ def test_a_reader_error_surfaces_in_order(dumps, tmp_path) -> None:
         for batch in iter_batches(files, ReadOptions(), workers=2):
             seen.append(batch.source)
     assert set(seen) == {f.path for f in dumps}
+
+
+def test_the_last_tenth_of_a_large_input_is_cut_finer(dumps, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Processes sharing the items finish together: the last tenth of the bytes goes in items a quarter the size, the
+    # same whatever the number of processes; every row group once, in input order.
+    import mismatch_cli.io.parallel as parallel
+    from mismatch_cli.io.parquet import row_group_bytes
+
+    parquet = [f for f in dumps if f.format == "parquet"]
+    sizes = {f.path: row_group_bytes(f.path) for f in parquet}
+    total = sum(sum(groups) for groups in sizes.values())
+    item = total // 6
+    coarse = plan(parquet, item_bytes=item)
+    monkeypatch.setattr(parallel, "TAIL_FROM_BYTES", total)
+    fine = plan(parquet, item_bytes=item)
+    assert len(fine) > len(coarse)
+    assert [(i.path, g) for i in fine for g in i.row_groups] == [(i.path, g) for i in coarse for g in i.row_groups]
+    seen, cut = 0, False
+    for work in fine:
+        held = sum(sizes[work.path][g] for g in work.row_groups)
+        if seen >= 0.9 * total:  # an item wholly in the tail holds about a quarter item's bytes
+            cut = True
+            assert held - sizes[work.path][work.row_groups[-1]] < item // 4
+        seen += held
+    assert cut
+    monkeypatch.setattr(parallel, "TAIL_FROM_BYTES", total + 1)  # below the threshold: as before
+    assert plan(parquet, item_bytes=item) == coarse
