@@ -235,13 +235,14 @@ def test_a_killed_runs_hand_overs_are_removed_by_the_next_run(dumps: list[str], 
     stale = tmp_path / f"{early_reads.PREFIX}{gone.stdout.strip()}-abc"
     alive = tmp_path / f"{early_reads.PREFIX}{os.getpid()}-def"
     unrelated = tmp_path / "mismatch-early-notes"
-    for folder in (stale, alive, unrelated):
+    huge = tmp_path / f"{early_reads.PREFIX}{'9' * 30}-ghi"  # no process id could be this
+    for folder in (stale, alive, unrelated, huge):
         folder.mkdir()
         (folder / "item-0").write_bytes(b"x")
     monkeypatch.setattr(early_reads, "SHARED_MEMORY", str(tmp_path))
     monkeypatch.setattr(early_reads, "engine_loaded", lambda: False)
     started(dumps, tmp_path).close()
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, unrelated.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, unrelated.name, huge.name])
 
 
 @pytest.mark.parametrize("limit, used, starts", [("max\n", "900000000", True), ("1073741824", "900000000", False),

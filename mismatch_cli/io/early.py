@@ -216,7 +216,7 @@ def _remove_stale(parent: str) -> None:
             os.kill(int(pid), 0)
         except ProcessLookupError:
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-        except OSError:  # alive, another user's
+        except (OSError, OverflowError):  # alive and another user's, or no process id at all
             pass
 
 
