@@ -82,11 +82,11 @@ def resolve_jobs(jobs: int | None, files: Sequence[InputFile], device: str) -> i
 
 
 def early_readers(jobs: int | None, files: Sequence[InputFile], device: str) -> int:
-    """The processes that read work items while the engine loads (io/early.py): `jobs` - 1 for `--jobs N`; on an
-    input of MIN_JOBS_BYTES or more with `auto`, the usable cores but one (workers or a GPU will take them); none for
-    one process on the CPU, or where resolve_jobs will refuse the run."""
+    """The processes that read work items while the engine loads (io/early.py): `jobs` - 1 for `--jobs N` (checked
+    by resolve_jobs, which needs no torch for it); on an input of MIN_JOBS_BYTES or more with `auto`, the usable
+    cores but one (workers or a GPU will take them); none for one process on the CPU."""
     if jobs is not None:
-        return jobs - 1 if isinstance(jobs, int) and 1 < jobs <= MAX_JOBS and device in ("auto", "cpu") else 0
+        return resolve_jobs(jobs, files, device) - 1
     if not _large(files) or not (device in ("auto", "cpu") or device.startswith("cuda")):
         return 0
     return usable_cores() - 1
