@@ -14,6 +14,7 @@ from mismatch_cli.gate.comparison import MARKS, Comparison, MetricRow
 from mismatch_cli.gate.thresholds import CheckResult, Outcome
 from mismatch_cli.render.cells import format_percent, format_signed, format_value, markdown_cell
 from mismatch_cli.render.paths import display_path, paths_in_text
+from mismatch_cli.render.plotting import pyplot
 from mismatch_cli.render.sections import SHOWN_ROUNDS, shown_rounds
 from mismatch_cli.render.table import Grid, Kind, print_grid
 from mismatch_cli.report import Report, strict_json
@@ -262,21 +263,17 @@ def _histogram(report: Report) -> tuple[list[float], list[float]] | None:
 
 
 def _png(fig: Any) -> bytes:
-    import matplotlib.pyplot as plt
-
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
+    pyplot().close(fig)
     return buffer.getvalue()
 
 
 def render_compare_plots(comparison: Comparison, base: Report, candidate: Report) -> dict[str, bytes]:
     """Overlaid plots of both sides as PNG bytes per file name (the CLI writes them)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
+
+    plt = pyplot()
 
     written: dict[str, bytes] = {}
     labels = (f"base: {comparison.base_label}", f"candidate: {comparison.candidate_label}")

@@ -9,9 +9,14 @@ COLORS = {"data": "#3465a4", "second": "#e07b00", "band": "#cc0000", "catastroph
 
 
 def pyplot() -> Any:
-    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    """matplotlib.pyplot on the Agg backend (no display needed), its font lookups quiet."""
+    import logging
+
     import matplotlib
 
+    # A font cache another matplotlib wrote (without the bundled STIX fonts) makes every mathtext label log
+    # "findfont: ... not found" at WARNING: a dozen stderr lines per run that the fallback font makes harmless.
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
