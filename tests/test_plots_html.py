@@ -136,3 +136,15 @@ def test_no_plots_writes_only_the_json(tmp_path: Path) -> None:
                                  "--format", "json"])
     assert result.exit_code == 0 and isinstance(result.exception, (SystemExit, type(None)))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "rounds.csv"]  # tables, no plots
+
+
+def test_font_fallbacks_do_not_reach_stderr() -> None:
+    # A stale font cache makes matplotlib log "findfont: ... not found" at WARNING for every mathtext label.
+    import logging
+
+    from mismatch_cli.render.plotting import pyplot
+
+    logger = logging.getLogger("matplotlib.font_manager")
+    logger.setLevel(logging.NOTSET)
+    pyplot()
+    assert not logger.isEnabledFor(logging.WARNING) and logger.isEnabledFor(logging.ERROR)
