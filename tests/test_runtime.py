@@ -71,22 +71,25 @@ def test_torch_loads_with_the_collector_paused() -> None:
     assert done.returncode == 0, done.stderr
 
 
-@pytest.mark.parametrize("blas", [None, "4"])
-def test_the_cli_keeps_freed_memory_and_one_blas_thread(blas: str | None) -> None:
+@pytest.mark.parametrize(("blas", "purge"), [(None, None), ("4", "10")])
+def test_the_cli_keeps_freed_memory_and_one_blas_thread(blas: str | None, purge: str | None) -> None:
     # In a child process (mallopt changes the allocator for good): glibc takes both settings, elsewhere nothing is
-    # set; one OpenBLAS thread unless the user said how many.
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"} | ({"OPENBLAS_NUM_THREADS": blas}
-                                                                                  if blas else {})
+    # set; one OpenBLAS thread and mimalloc's pages kept, unless the user said otherwise.
+    said = {"OPENBLAS_NUM_THREADS": blas, "MIMALLOC_PURGE_DELAY": purge}
+    env = {k: v for k, v in os.environ.items() if k not in said} | {k: v for k, v in said.items() if v}
     code = ("import os, sys; from mismatch_cli.system import runtime; took = runtime.one_command_process(); "
             "glibc = sys.platform.startswith('linux') and bool(os.confstr('CS_GNU_LIBC_VERSION')); "
             "assert took is glibc, (took, glibc); assert runtime._FREEZE[0]; "
-            f"assert os.environ['OPENBLAS_NUM_THREADS'] == {blas or '1'!r}; assert 'numpy' not in sys.modules")
+            f"assert os.environ['OPENBLAS_NUM_THREADS'] == {blas or '1'!r}; "
+            f"assert os.environ['MIMALLOC_PURGE_DELAY'] == {purge or '-1'!r}; "
+            "assert 'numpy' not in sys.modules and 'pyarrow' not in sys.modules")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr
 
 
 def test_the_cli_has_not_loaded_numpy_when_it_tunes_the_process() -> None:
-    # OPENBLAS_NUM_THREADS is read when numpy loads: the CLI's own imports must not load it before entry() runs.
-    code = "import sys, mismatch_cli.cli; assert 'numpy' not in sys.modules, 'numpy imported'"
+    # OPENBLAS_NUM_THREADS is read when numpy loads, MIMALLOC_PURGE_DELAY when pyarrow does: the CLI's own imports
+    # must load neither before entry() runs.
+    code = "import sys, mismatch_cli.cli; assert not {'numpy', 'pyarrow'} & set(sys.modules), 'numpy or pyarrow loaded'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -1,4 +1,4 @@
-"""How the process runs: Python's cycle collector while the engine loads, and, in the CLI, glibc's allocator.
+"""How the process runs: Python's cycle collector while the engine loads, and, in the CLI, the allocators.
 
 `import torch` creates about a million objects that all live until the process ends. The collector walks them
 several times while they load (about 0.3 s of a 1.5 s import on the 2-core machine), then again at every full
@@ -9,6 +9,11 @@ of later collections (`gc.freeze`, as Python's docs advise before a fork).
 Each chunk allocates a few dozen per-token arrays of 1-8 MiB. glibc returns such memory to the system once more
 than a few MiB are free at the top of its heap, and the next chunk's arrays then fault in fresh zeroed pages: about
 half the page faults of a 100M-token run (0.2-0.4 s of system time). The CLI keeps up to TRIM_BYTES free for reuse.
+
+pyarrow decodes into its own pool (mimalloc), which hands a batch's freed pages back to the system within
+milliseconds, so the next batch faults in fresh zeroed pages again: about a fifth of the page faults of a read, and
+5-8 % of its CPU time. The CLI asks mimalloc to keep them (MIMALLOC_PURGE_DELAY=-1, unless set), which holds about
+one batch's decoded columns per reading thread.
 
 numpy's OpenBLAS starts a pool of threads per process that spin for a while after each call it spreads over
 them (a float64 dot product of a chunk's tail tokens, in the signatures' evidence); with `--jobs N`, N processes
@@ -38,10 +43,12 @@ TRIM_BYTES = 256 << 20
 
 
 def one_command_process() -> bool:
-    """Tune this process for one command and exit (the CLI), before numpy loads: `loading` freezes what loaded, one
-    BLAS thread, and glibc keeps freed memory for reuse; True when glibc took the allocator's settings."""
+    """Tune this process for one command and exit (the CLI), before numpy and pyarrow load: `loading` freezes what
+    loaded, one BLAS thread, glibc and pyarrow's mimalloc keep freed memory for reuse; True when glibc took the
+    allocator's settings."""
     _FREEZE[0] = True
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("MIMALLOC_PURGE_DELAY", "-1")  # read once, when pyarrow's library loads
     return _keep_freed_memory()
 
 
