@@ -250,8 +250,11 @@ def run_on_processes(files: Sequence[InputFile], read_options: ReadOptions, spec
         preload(kernels_for(bool(correction.rs_options), correction.is_level == "token"))
     if early is not None:
         early.stop()  # the engine has loaded: from here on the workers read
-    with _main_hidden(), ProcessPoolExecutor(max_workers=workers, mp_context=_context(),
-                                             initializer=worker_process) as pool:
+    from mismatch_cli.engine.kernels.sweep import inline
+
+    # Processes on every core: each one's token sweep runs on its main thread (the forked workers inherit it).
+    with _main_hidden(), inline(workers + 1 >= usable_cores()), \
+            ProcessPoolExecutor(max_workers=workers, mp_context=_context(), initializer=worker_process) as pool:
         try:
             def counted() -> Iterator[Any]:
                 for state, rows in _Schedule(pool, items, read_options, spec, 2 * workers, early).states():

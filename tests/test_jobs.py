@@ -60,6 +60,24 @@ def test_every_number_is_the_same_for_any_number_of_processes(dumps: list[str], 
     assert json.dumps(one, sort_keys=True) == json.dumps(two, sort_keys=True)
 
 
+@pytest.mark.parametrize("cores, inline", [(2, True), (8, False)])
+def test_processes_on_every_core_take_their_token_sweep_inline(dumps: list[str], monkeypatch: pytest.MonkeyPatch,
+                                                               cores: int, inline: bool) -> None:
+    # A thread more per process only makes processes that fill the cores take turns; with cores to spare it runs
+    # beside the fold. Either way the numbers are one process's.
+    from mismatch_cli.engine.kernels import sweep
+
+    monkeypatch.setenv("MISMATCH_FUSED", "always")
+    monkeypatch.setattr(parallel, "ITEM_BYTES", 200_000)
+    monkeypatch.setattr(processes, "usable_cores", lambda: cores)
+    entered, real = [], sweep.inline
+    monkeypatch.setattr(sweep, "inline", lambda on: entered.append(on) or real(on))
+    one = report(dumps, 1, bootstrap=20)
+    two = report(dumps, 2, bootstrap=20)
+    assert entered == [inline] and not sweep._INLINE[0]
+    assert json.dumps(one, sort_keys=True) == json.dumps(two, sort_keys=True)
+
+
 def test_a_workers_error_is_the_users_one_line(dumps: list[str], tmp_path: Path) -> None:
     bad = tmp_path / "zz.parquet"
     bad.write_bytes(b"PAR1 not parquet at all PAR1")

@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -95,6 +96,23 @@ def test_the_kernels_preloaded_for_a_configuration_are_those_its_run_calls(monke
     with sweep.forced(True):
         run([dirty_batch(5, steps=True), dirty_batch(6, turns=4)], correction, device="cpu", by_step=True)
     assert called == set(sweep.kernels_for(bool(correction.rs_options), correction.is_level == "token"))
+
+
+def test_the_sweep_on_the_callers_thread_gives_the_threads_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    # --jobs N on N cores runs each process's token sweep inline: no thread is started, and no number moves.
+    batches = [dirty_batch(7, steps=True), dirty_batch(8, turns=4)]
+    correction = resolve(CorrectionConfig(rollout_is="token", rollout_is_threshold=2.0))
+    with sweep.forced(True):
+        threaded = run(batches, correction, device="cpu", by_step=True)
+        started: list[str] = []
+        real_start = threading.Thread.start
+        monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self.name) or real_start(self))
+        with sweep.inline(True):
+            inline = run(batches, correction, device="cpu", by_step=True)
+    assert "mismatch-sweep" not in started
+    assert not sweep._INLINE[0]  # restored on leaving
+    for name in TABLES:
+        assert_same_tree(getattr(threaded.overall, name), getattr(inline.overall, name), 0.0, name)
 
 
 def test_sweep_sums_match_float64_by_hand() -> None:

@@ -48,6 +48,7 @@ SUMS = ("negative", "sum_exp_abs",  # diagnostics
         "bitwise_equal", "zero_old", "repeat_old", "fill_old", "zero_rollout", "repeat_rollout", "fill_rollout",
         "old_sq", "rollout_sq", "old_rollout", "shift_aligned", "shift_forward", "shift_backward")  # signatures
 _FORCED: list[bool | None] = [None]
+_INLINE = [False]  # token_sums on the caller's thread (see `inline`)
 _COMPILING = threading.Lock()
 
 
@@ -68,6 +69,18 @@ def forced(on: bool) -> Iterator[None]:
         yield
     finally:
         _FORCED[0] = before
+
+
+@contextmanager
+def inline(on: bool) -> Iterator[None]:
+    """While on, `start` runs the token sweep on the caller's thread: where processes already fill the cores
+    (`--jobs N` with N the usable cores), a thread more per process only makes them take turns."""
+    before = _INLINE[0]
+    _INLINE[0] = on
+    try:
+        yield
+    finally:
+        _INLINE[0] = before
 
 
 @cache
@@ -326,12 +339,16 @@ def candidates(abs_log_ratio: torch.Tensor, ratio_safe: torch.Tensor, bound: flo
 
 
 def start(*arguments: Any) -> Future[TokenSums]:
-    """`token_sums(*arguments)` on a thread of its own (the kernel releases the GIL), as a future.
+    """`token_sums(*arguments)` on a thread of its own (the kernel releases the GIL), as a future (done already
+    under `inline`).
 
     A thread per chunk (about 0.1 ms), not a cached pool: a process forked by --jobs inherits a pool without its
     thread, and its futures would never complete.
     """
     future: Future[TokenSums] = Future()
+    if _INLINE[0]:
+        future.set_result(token_sums(*arguments))
+        return future
 
     def run() -> None:
         try:
@@ -345,5 +362,5 @@ def start(*arguments: Any) -> Future[TokenSums]:
 
 __all__ = ["ALWAYS", "DERIVED", "LAYOUT_COUNTS", "OCTAVES", "OCTAVE_SHIFT", "POSITION_BIN", "SEGMENT_SUMS",
            "SKETCH_SIZE", "SUMS", "FoundLayout", "OptionSums", "TokenSums", "available", "cache_dir", "candidates",
-           "forced", "is_weights", "kernels_for", "layout", "option_sums", "round_sketches", "segment_sums", "start",
-           "token_sums", "wanted", "worth_it"]
+           "forced", "inline", "is_weights", "kernels_for", "layout", "option_sums", "round_sketches", "segment_sums",
+           "start", "token_sums", "wanted", "worth_it"]
