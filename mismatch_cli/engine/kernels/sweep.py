@@ -21,7 +21,7 @@ import threading
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -61,26 +61,25 @@ def cache_dir() -> Path:
 
 
 @contextmanager
-def forced(on: bool) -> Iterator[None]:
-    """Use the sweep for every float32 CPU chunk (on) or never (off), whatever its size (for tests and benches)."""
-    before = _FORCED[0]
-    _FORCED[0] = on
+def _holding(setting: list[Any], value: Any) -> Iterator[None]:
+    """Hold a module setting (a one-element list) at `value` for the block, then restore it."""
+    before = setting[0]
+    setting[0] = value
     try:
         yield
     finally:
-        _FORCED[0] = before
+        setting[0] = before
 
 
-@contextmanager
-def inline(on: bool) -> Iterator[None]:
+def forced(on: bool) -> AbstractContextManager[None]:
+    """Use the sweep for every float32 CPU chunk (on) or never (off), whatever its size (for tests and benches)."""
+    return _holding(_FORCED, on)
+
+
+def inline(on: bool) -> AbstractContextManager[None]:
     """While on, `start` runs the token sweep on the caller's thread: where processes already fill the cores
     (`--jobs N` with N the usable cores), a thread more per process only makes them take turns."""
-    before = _INLINE[0]
-    _INLINE[0] = on
-    try:
-        yield
-    finally:
-        _INLINE[0] = before
+    return _holding(_INLINE, on)
 
 
 @cache
