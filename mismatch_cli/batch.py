@@ -150,6 +150,16 @@ class Batch:
         )
 
 
+def follows(previous: Batch, batch: Batch) -> bool:
+    """Whether `batch` holds the rows right after `previous` in the same file, with the same columns."""
+    return (batch.source == previous.source and batch.first_row == previous.first_row + previous.num_rows
+            and batch.old_log_probs.dtype == previous.old_log_probs.dtype
+            and batch.rollout_log_probs.dtype == previous.rollout_log_probs.dtype
+            and (batch.steps is None) == (previous.steps is None)
+            and (batch.sequence_ids is None) == (previous.sequence_ids is None)
+            and batch.groups.keys() == previous.groups.keys() and batch.labels == previous.labels)
+
+
 def concat_rows(batches: list[Batch],
                 join: Callable[[str, list[np.ndarray], np.dtype], np.ndarray] | None = None) -> Batch:
     """One batch of the rows of consecutive batches of one source, in order (the first one itself when alone).

@@ -32,6 +32,8 @@ from mismatch_cli.replay import (
 )
 from mismatch_cli.report import SCHEMA_VERSION
 
+pytestmark = pytest.mark.usefixtures("separate_chunks")  # batches split to cross chunk boundaries
+
 ROOT = Path(__file__).resolve().parents[1]
 DUMP = ROOT / "sample_data" / "real" / "top_p_bug.parquet"
 

@@ -77,7 +77,7 @@ def numpy_rounds(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray, offsets
     return out
 
 
-def test_many_rounds_per_row_match_a_numpy_reference() -> None:
+def test_many_rounds_per_row_match_a_numpy_reference(separate_chunks: None) -> None:
     rng = np.random.default_rng(3)
     lengths = rng.integers(1, 160, size=30)
     offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)

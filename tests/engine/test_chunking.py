@@ -8,12 +8,12 @@ import torch
 from helpers import assert_same_tree, batch_from_padded
 from test_numpy_reference import CONFIGS, random_dump
 
-from mismatch_cli.batch import Batch, concat_rows
+from mismatch_cli.batch import Batch, concat_rows, follows
 from mismatch_cli.correction import CorrectionConfig, resolve
 from mismatch_cli.engine.analysis import BatchAccumulator
 from mismatch_cli.engine.core.chunk import make_chunk
 from mismatch_cli.engine.core.staging import Staging
-from mismatch_cli.engine.runner import Analysis, _follows, run
+from mismatch_cli.engine.runner import Analysis, run
 
 
 def split(batch: Batch, cuts: list[int]) -> list[Batch]:
@@ -156,10 +156,10 @@ def test_only_consecutive_rows_of_one_file_are_joined() -> None:
     joined = concat_rows([a, b, c])
     for name in ("old_log_probs", "rollout_log_probs", "response_mask", "offsets"):
         assert np.array_equal(getattr(joined, name), getattr(whole, name))
-    assert _follows(a, b) and _follows(b, c)
-    assert not _follows(a, c)  # rows 10-19 are missing between them
-    assert not _follows(a, Batch(**{**vars(b), "source": "other.parquet"}))
-    assert not _follows(a, Batch(**{**vars(b), "old_log_probs": b.old_log_probs.astype(np.float32)}))
+    assert follows(a, b) and follows(b, c)
+    assert not follows(a, c)  # rows 10-19 are missing between them
+    assert not follows(a, Batch(**{**vars(b), "source": "other.parquet"}))
+    assert not follows(a, Batch(**{**vars(b), "old_log_probs": b.old_log_probs.astype(np.float32)}))
 
 
 @pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[3], CONFIGS[6], {"semantics": "verl-0.6.0"},

@@ -17,6 +17,8 @@ from mismatch_cli.engine.core.chunk import make_chunk
 from mismatch_cli.engine.core.protocol import ChunkDecisions
 from mismatch_cli.engine.runner import run
 
+pytestmark = pytest.mark.usefixtures("separate_chunks")  # batches split to cross chunk boundaries
+
 SIGNATURE_KEYS = ("bitwise_equal_fraction", "temperature_slope", "best_fit_temperature", "shift_residual_ratio",
                   "constant_fill_fraction_old", "constant_fill_fraction_rollout", "k3_k1_ratio")
 
