@@ -170,15 +170,13 @@ def _batches(work: WorkItem | str, options: ReadOptions) -> Iterable[Batch]:
 
 def _fold_item(work: WorkItem | str, options: ReadOptions, spec: PartialSpec) -> tuple[bytes, int]:
     """One work item's pickled partial state and the rows it read, in a worker (one torch thread)."""
-    import pickle
-
     import torch
 
-    from mismatch_cli.engine.distributed import fold_partial
+    from mismatch_cli.engine.distributed import dumps_state, fold_partial
 
     torch.set_num_threads(1)
     state, rows = fold_partial(_batches(work, options), spec)
-    return pickle.dumps(state), rows
+    return dumps_state(state), rows
 
 
 class _Schedule:

@@ -206,3 +206,58 @@ def test_jobs_after_a_fused_run_in_the_same_process_finish(dumps: list[str]) -> 
             "one.pop('created_at'); two.pop('created_at'); assert one == two, 'jobs 1 and 2 differ'")
     env = {**__import__("os").environ, "MISMATCH_FUSED": "always"}
     subprocess.run([sys.executable, "-c", code, *dumps], check=True, timeout=60, env=env)
+
+
+def _tensors(obj: object, path: str = "state", seen: set | None = None) -> dict[str, object]:
+    """Every tensor reachable from obj's attributes, dicts, lists and tuples, by path (each object once)."""
+    import torch
+
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return {}
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return {path: obj}
+    if isinstance(obj, dict):
+        items = [(f"{path}[{k!r}]", v) for k, v in obj.items()]
+    elif isinstance(obj, (list, tuple)):
+        items = [(f"{path}[{i}]", v) for i, v in enumerate(obj)]
+    elif hasattr(obj, "__dict__"):
+        items = [(f"{path}.{k}", v) for k, v in vars(obj).items()]
+    else:
+        return {}
+    found: dict[str, object] = {}
+    for name, value in items:
+        found.update(_tensors(value, name, seen))
+    return found
+
+
+def test_a_workers_state_crosses_the_pipe_tensor_for_tensor(dumps: list[str]) -> None:
+    import pickle
+
+    import torch
+
+    from mismatch_cli.correction import resolve
+    from mismatch_cli.engine.distributed import dumps_state, fold_partial
+    from mismatch_cli.engine.partial import PartialSpec
+    from mismatch_cli.io import ReadOptions, read_work_item
+    from mismatch_cli.io.parallel import WorkItem
+
+    config = CorrectionConfig(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="seq_mean_k1,token_k3",
+                              rollout_rs_threshold="0.99_1.01,0.5")
+    spec = PartialSpec(resolve(config), by_step=True, group_by=("env_name",), bootstrap=40, fused=True)
+    state, _ = fold_partial(read_work_item(WorkItem(dumps[0], "parquet"), ReadOptions(group_columns=("env_name",))),
+                            spec)
+    before = _tensors(state)
+    assert len(before) > 50
+    storages = [t.untyped_storage().data_ptr() for t in before.values() if t.numel()]
+    assert len(storages) == len(set(storages))  # no two views of one storage: each tensor travels on its own
+    after = _tensors(pickle.loads(dumps_state(state)))
+    assert after.keys() == before.keys()
+    for name, tensor in before.items():
+        got = after[name]
+        assert (got.dtype, got.shape) == (tensor.dtype, tensor.shape), name
+        assert torch.equal(got, tensor) or (tensor.is_floating_point() and torch.equal(got.isnan(), tensor.isnan())
+                                             and torch.equal(got.nan_to_num(), tensor.nan_to_num())), name
+        if got.numel():
+            got.add_(0)  # writable: a merge adds into it
