@@ -55,7 +55,9 @@ def test_the_cli_freezes_what_loaded_and_only_then(restored_collector: None) -> 
     with runtime.loading():  # nothing new loads (a second analysis in one process): nothing more is frozen
         import json.tool  # noqa: F401, F811
         garbage = [[i] for i in range(1000)]
-    assert gc.get_freeze_count() == frozen
+    # Not more (a freeze would add the 1000 lists); fewer when frozen objects die meanwhile (an earlier test's thread
+    # ending in this worker process).
+    assert gc.get_freeze_count() <= frozen
     assert len(garbage) == 1000
 
 
