@@ -39,7 +39,7 @@ from mismatch_cli.engine.kernels.sweep_kernels import KERNELS, OCTAVE_SHIFT, OCT
 # inputs of this many bytes (~35M tokens of a float32 parquet dump); the decision is by input, never by chunk or
 # by what the process ran before, so one input always gives the same numbers.
 MIN_INPUT_BYTES = 1 << 28
-_VERSION = 17  # bump with any change to a kernel, so that the first run after an upgrade says it compiles
+_VERSION = 18  # bump with any change to a kernel, so that the first run after an upgrade says it compiles
 
 # The sums of old, rollout, the log-ratio, its magnitude, the safe ratio and its square are not here: the row-sum
 # kernel (SEGMENT_SUMS) takes them, and the accumulators read its totals (Chunk.total).

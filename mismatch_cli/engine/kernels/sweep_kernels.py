@@ -17,6 +17,7 @@ from mismatch_cli.engine.kernels.sketch import NUM_BUCKETS, SHIFT
 SKETCH_SIZE = 2 * NUM_BUCKETS  # the diagnostics' signed sketch of delta: the top bits of its float32 pattern
 OCTAVE_SHIFT, OCTAVES = 23, 512  # the signatures' signed octaves: sign and exponent of a float32 (signatures.py)
 POSITION_BIN = 32  # positions per bin of the diagnostics' position profile (diagnostics.POSITION_BIN)
+assert SKETCH_SIZE >> (OCTAVE_SHIFT - SHIFT) == OCTAVES  # an octave is a run of sketch buckets (_sweep counts so)
 
 
 def _sweep_signature(types: Any) -> Any:
@@ -249,17 +250,27 @@ def _sweep(old, rollout, log_ratio, bits, ratio, ratio_sq, exp_abs, exp_old, exp
         backward += e * e if pair else 0.0
     tail = np.empty(n, dtype=np.int64)  # the tail's tokens, listed without a branch: their slopes come after
     tails = 0
+    # An octave's three sums side by side (one 32-byte store a token, not three apart); its token count is its
+    # sketch buckets' (the octave is the bucket's top 9 bits), summed after the loop.
+    by_octave = np.zeros((OCTAVES, 4), dtype=np.float64)
     for t in range(n):
         b = bits[t]
         sketch[(b >> SHIFT) & (SKETCH_SIZE - 1)] += 1
         k = b >> OCTAVE_SHIFT
-        octaves[0, k] += 1.0
-        octaves[1, k] += ratio_sq[t]
-        octaves[2, k] += ratio[t]
-        octaves[3, k] += exp_abs[t]
+        by_octave[k, 1] += ratio_sq[t]
+        by_octave[k, 2] += ratio[t]
+        by_octave[k, 3] += exp_abs[t]
         max_abs_p = max(max_abs_p, abs(exp_old[t] - exp_rollout[t]))  # here: a max would stop the vectorizing
         tail[tails] = t
         tails += old[t] < below
+    per_octave = SKETCH_SIZE // OCTAVES
+    for k in range(OCTAVES):
+        count = 0
+        for bucket in range(k * per_octave, (k + 1) * per_octave):
+            count += sketch[bucket]
+        octaves[0, k] += count
+        for j in range(1, 4):
+            octaves[j, k] += by_octave[k, j]
     for i in range(tails):  # a division per tail token only (most tokens are off the tail)
         t = tail[i]
         slopes[int(min(max(rollout[t] / old[t] * scale, np.float32(0.0)), top))] += 1
