@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -158,6 +158,40 @@ def follows(previous: Batch, batch: Batch) -> bool:
             and (batch.steps is None) == (previous.steps is None)
             and (batch.sequence_ids is None) == (previous.sequence_ids is None)
             and batch.groups.keys() == previous.groups.keys() and batch.labels == previous.labels)
+
+
+class JoinSmall:
+    """Consecutive batches of one file under `below` positions, held and joined (concat_rows) into batches of up to
+    `limit`; a batch of `below` or more passes as it comes, after what was held."""
+
+    def __init__(self, below: int, limit: int) -> None:
+        self.below, self.limit = below, limit
+        self.held: list[Batch] = []
+        self.positions = 0
+
+    def add(self, batch: Batch) -> list[Batch]:
+        """The batches ready now, in order (none while `batch` is held)."""
+        small = batch.num_positions < self.below
+        ready = []
+        if self.held and not (small and follows(self.held[-1], batch)
+                              and self.positions + batch.num_positions <= self.limit):
+            ready = self.flush()
+        if not small:
+            return [*ready, batch]
+        self.held.append(batch)
+        self.positions += batch.num_positions
+        return ready
+
+    def flush(self) -> list[Batch]:
+        """The held batches, joined (none when nothing is held)."""
+        held, self.held, self.positions = self.held, [], 0
+        return [concat_rows(held)] if held else []
+
+    def joined(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+        """`batches`, the small ones joined."""
+        for batch in batches:
+            yield from self.add(batch)
+        yield from self.flush()
 
 
 def concat_rows(batches: list[Batch],

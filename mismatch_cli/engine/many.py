@@ -17,7 +17,7 @@ from mismatch_cli.batch import Batch
 from mismatch_cli.correction import ResolvedCorrection
 from mismatch_cli.engine.analysis import BatchResult
 from mismatch_cli.engine.core.chunk import MAX_CHUNK_POSITIONS, bounded, make_chunk
-from mismatch_cli.engine.runner import DTYPES, Analysis, EngineResult, resolve_device
+from mismatch_cli.engine.runner import DTYPES, Analysis, EngineResult, join_small, resolve_device
 from mismatch_cli.errors import ConfigError, DataError, UsageError
 
 
@@ -47,7 +47,8 @@ def run_many(batches: Iterable[Batch], corrections: Mapping[str, ResolvedCorrect
     parts = {name: [Analysis(correction, device_, dtype, rounds=False, bootstrap=0, extras=False)
                     for _ in range(groups)] for name, correction in corrections.items()}
     compute_dtype = DTYPES[dtype]  # known: Analysis refused any other
-    for whole in batches:
+    # Each chunk is split into its groups and folded once per correction: its fixed cost weighs the more.
+    for whole in join_small().joined(batches):
         for batch in bounded(whole, MAX_CHUNK_POSITIONS):
             group_of = (batch.first_row + np.arange(batch.num_rows)) % groups
             split = [batch] if groups == 1 else batch.group_rows(group_of, groups)

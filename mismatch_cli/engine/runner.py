@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mismatch_cli.batch import Batch, concat_rows, follows
+from mismatch_cli.batch import Batch, JoinSmall, concat_rows, follows
 from mismatch_cli.correction import ResolvedCorrection
 from mismatch_cli.engine.accumulators.family import FamilyAccumulator
 from mismatch_cli.engine.accumulators.packs import merge_xtuner_packs
@@ -33,6 +33,11 @@ PACK_AFTER = 16  # breakdown states (steps, groups) past which those at rest are
 # Smaller reader batches (short rows, small row groups) are joined on the CPU, up to MAX_CHUNK_POSITIONS: a chunk
 # costs about 3 ms of fixed work (some hundred small tensor ops), 3 ns a token at a full chunk, 30 at a tenth.
 JOIN_CPU_BATCHES_BELOW = MAX_CHUNK_POSITIONS // 2
+
+
+def join_small() -> JoinSmall:
+    """The CPU's joining of a file's consecutive reader batches under JOIN_CPU_BATCHES_BELOW positions."""
+    return JoinSmall(JOIN_CPU_BATCHES_BELOW, MAX_CHUNK_POSITIONS)
 
 
 @dataclass
@@ -127,10 +132,9 @@ class Analysis:
         self.any_rows = False
         self._awake: dict[int, BatchAccumulator] = {}  # breakdown states updated since they were last packed
         # On a GPU, consecutive reader batches of one file are joined into chunks of up to
-        # DEVICE_CHUNK_POSITIONS positions before they go to the device; the CPU joins only batches under
-        # JOIN_CPU_BATCHES_BELOW positions, folding larger ones as they come.
+        # DEVICE_CHUNK_POSITIONS positions before they go to the device; the CPU joins only small ones (join_small).
         self.join_batches = device.type != "cpu"
-        self.join_below = 0 if self.join_batches else JOIN_CPU_BATCHES_BELOW
+        self._small = join_small()
         self.chunk_positions = DEVICE_CHUNK_POSITIONS if self.join_batches else MAX_CHUNK_POSITIONS
         self._held: list[Batch] = []
         self._held_positions = 0
@@ -142,11 +146,10 @@ class Analysis:
         return BatchAccumulator(self.correction, self.device, self.rounds, extras=False, bootstrap=0, findings=False)
 
     def update(self, whole: Batch) -> None:
-        """Fold one reader batch (whole sequences) into every accumulator (a small one, or any on a GPU, possibly at a
-        later call)."""
-        if not self.join_batches and whole.num_positions >= self.join_below:
-            self.flush()
-            self._fold(whole)
+        """Fold one reader batch (whole sequences) into every accumulator (a later call, while small or on a GPU)."""
+        if not self.join_batches:
+            for batch in self._small.add(whole):
+                self._fold(batch)
             return
         if self._held and (not follows(self._held[-1], whole) or self._new_step(whole)
                            or self._held_positions + whole.num_positions > self.chunk_positions):
@@ -157,19 +160,17 @@ class Analysis:
             self.flush()
 
     def _new_step(self, whole: Batch) -> bool:
-        """On a GPU under --by step, whether `whole` starts another step than the held batches end with: a chunk of
-        one step is folded whole, where one of several would be moved to the device again step by step."""
+        """Under --by step, whether `whole` starts another step than the held batches end with: a chunk of one
+        step is folded whole, where one of several steps would be moved to the device again step by step."""
         last = self._held[-1].steps
-        return (self.join_batches and self.by_step and last is not None and whole.steps is not None
-                and bool(last[-1] != whole.steps[0]))
+        return self.by_step and last is not None and whole.steps is not None and bool(last[-1] != whole.steps[0])
 
     def flush(self) -> None:
         """Fold the reader batches held back for a larger chunk."""
+        for batch in self._small.flush():
+            self._fold(batch)
         if self._held:
             held, self._held, self._held_positions = self._held, [], 0
-            if not self.join_batches:  # the CPU: joined in ordinary memory
-                self._fold(concat_rows(held))
-                return
             if self._staging is None:
                 self._staging = Staging(self.device, self.chunk_positions)
             self._staging.begin()

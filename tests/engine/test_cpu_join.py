@@ -109,3 +109,30 @@ def test_joined_chunks_give_the_numbers_of_separate_ones(monkeypatch: pytest.Mon
         other = joined.sources[source]
         assert (stats.sequences, stats.quality) == (other.sequences, other.quality)
         assert_same_tree(stats.examples, other.examples, 0.0, "examples")  # NaN log-probs among them
+
+
+def test_replay_joins_small_batches_with_the_same_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mismatch_cli.engine import many
+
+    whole = dirty_batch(9, rows=90, steps=True)
+    pieces = _pieces(whole, list(range(5, 90, 5)))  # 18 batches of 5 rows
+    corrections = {"verl": resolve(CorrectionConfig(rollout_is="token", rollout_is_threshold=2.0)),
+                   "plain": resolve(CorrectionConfig())}
+    chunks: list[int] = []
+    real = many.make_chunk
+
+    def counted(batch: Batch, *args: object) -> object:
+        chunks.append(batch.num_rows)
+        return real(batch, *args)
+
+    monkeypatch.setattr(many, "make_chunk", counted)
+    joined = many.run_many(pieces, corrections, device="cpu", dtype="float64", groups=3)
+    assert len(chunks) == 3 and sum(chunks) == 90  # one joined batch, split into its 3 row groups
+    chunks.clear()
+    monkeypatch.setattr(runner, "JOIN_CPU_BATCHES_BELOW", 0)
+    separate = many.run_many(pieces, corrections, device="cpu", dtype="float64", groups=3)
+    assert len(chunks) == 18 * 3
+    for name in corrections:
+        assert_same_tree(separate[name].overall.overall.metrics, joined[name].overall.overall.metrics, 1e-12, name)
+        for one, other in zip(separate[name].leave_one_out, joined[name].leave_one_out, strict=True):
+            assert_same_tree(one.metrics, other.metrics, 1e-12, f"{name} leave-one-out")
