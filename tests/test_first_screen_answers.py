@@ -111,6 +111,16 @@ def test_the_runs_own_correction_states_its_cost(monkeypatch) -> None:
     # lightest ladder setting that touches them replaces the RS.
     lighter = screen.split("; instead, ", 1)[1].split(" is the lightest", 1)[0].split(" (=")[0]
     assert lighter in [row["flags"] for row in report["what_if"] if row["level"] == "token"]
+    # A run that already applies that setting is told so, not told to switch to it "instead".
+    own = _flat(_run(SINGLE, *lighter.split()))
+    assert f"the run's own correction, {lighter}, is the lightest setting that touches them" in own
+    assert "; instead, " not in own
+    # The same in a replayed trainer's own fields (SkyRL's token TIS with its token mask).
+    skyrl = ("--semantics", "skyrl", "--set", "tis_ratio_type=token", "--set", "token_tis_ratio_clip_high=10.0")
+    flags = _flat(_run(SINGLE, *skyrl)).split("; instead, ", 1)[1].split(" is the lightest", 1)[0]
+    assert flags.startswith("--set tis_ratio_type=token")
+    own = _flat(_run(SINGLE, "--semantics", "skyrl", *flags.split()))
+    assert f"the run's own correction, {flags}, is the lightest setting that touches them" in own
     preset = _flat(_run(SINGLE, "--preset", "decoupled_geo_rs_token_tis"))
     assert "What to do your correction drops" in preset and "no correction is needed" not in preset
 

@@ -175,19 +175,27 @@ def _number(value: Any) -> float | None:
 
 
 def matching_row(config: Mapping[str, Any], what_if: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    """The ladder row that is exactly the run's RS-only (or veto-only) correction, if the ladder has it."""
+    """The ladder row that is exactly the run's RS-only, veto-only or IS-only (TIS or IcePop, no batch
+    normalization) correction, if the ladder has it."""
     option, threshold = config.get("rollout_rs"), config.get("rollout_rs_threshold")
     veto = config.get("rollout_token_veto_threshold")
+    level = None if option is not None or veto is not None or config.get("rollout_is_batch_normalize") \
+        else config.get("rollout_is")
     for row in what_if:
-        if row.get("family") == "rs" and option == row.get("option") and veto is None:
-            same = str(threshold) == str(row.get("threshold")) or (
-                _number(threshold) is not None and _number(threshold) == _number(row.get("threshold")))
-            if same:
-                return row
+        if row.get("family") in ("tis", "icepop") and level is not None and row.get("level") == level and \
+                _same(config.get("rollout_is_threshold"), row.get("threshold")):
+            return row
+        if row.get("family") == "rs" and option == row.get("option") and veto is None and \
+                _same(threshold, row.get("threshold")):
+            return row
         if row.get("family") == "veto" and option is None and veto is not None and \
                 _number(veto) == _number(row.get("threshold")):
             return row
     return None
+
+
+def _same(threshold: Any, other: Any) -> bool:
+    return str(threshold) == str(other) or (_number(threshold) is not None and _number(threshold) == _number(other))
 
 
 def removal_checks(metrics: Mapping[str, float | None]) -> list[dict[str, Any]]:

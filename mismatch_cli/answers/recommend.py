@@ -27,7 +27,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mismatch_cli.answers import corrections
-from mismatch_cli.answers.health import IS_ESS, RAW_ESS, REMOVED, after_what_if, applies_correction, summarize
+from mismatch_cli.answers.health import (
+    IS_ESS,
+    RAW_ESS,
+    REMOVED,
+    after_what_if,
+    applies_correction,
+    matching_row,
+    summarize,
+)
 from mismatch_cli.correction import PRESETS, PRESETS_071, older_presets
 from mismatch_cli.correction.fixes import fixes_for
 
@@ -290,8 +298,10 @@ def recommend(metrics: Mapping[str, float | None], config: Mapping[str, Any],
             reason = reason.replace("the weights need no correction", "the run's correction is not needed")
             reason = reason.replace("no correction is needed", "the run's correction is not needed")
             if handling is not None:
-                reason += f"; instead, {handling['flags']} is the lightest setting that touches them: it " \
-                          f"{_describe(handling, metrics)}"
+                own = matching_row(config, what_if) or corrections.matching_row(config, what_if)
+                mine = own is not None and own["name"] == handling["scenario"]
+                named = f"the run's own correction, {handling['flags']}," if mine else f"instead, {handling['flags']}"
+                reason += f"; {named} is the lightest setting that touches them: it {_describe(handling, metrics)}"
             else:
                 rows = sorted((r for r in what_if if expressible(r, family)), key=invasiveness)
                 passing = [(invasiveness(r)[:4], o) for r in rows
