@@ -135,3 +135,21 @@ def test_abbreviations_are_spelled_out_once_on_the_first_screen(monkeypatch) -> 
         assert flat.count(spelled) == 1, spelled
     assert glossary("TIS token 2.0") == "TIS = truncated importance sampling"  # IS inside TIS is not IS
     assert glossary("no abbreviation here") is None
+
+
+def test_an_icepop_band_states_the_weights_it_zeroes(monkeypatch) -> None:
+    # verl's IS with a band (--is-threshold LOW_HIGH) zeroes the weight of every token outside it (IcePop): the
+    # cost line counts both sides, not only the tokens above the band as TIS's truncation would.
+    monkeypatch.chdir(ROOT)
+    table = pq.read_table(ROOT / SINGLE)
+    outside = tokens = 0
+    for old, rollout, mask in zip(*(table[c].to_pylist() for c in (
+            "old_log_probs", "rollout_log_probs", "response_mask")), strict=True):
+        valid = np.asarray(mask) > 0
+        ratio = np.exp(np.asarray(old, np.float32)[valid] - np.asarray(rollout, np.float32)[valid])
+        outside += int(((ratio < 0.5) | (ratio > 1.2)).sum())
+        tokens += int(valid.sum())
+    assert 0 < outside
+    screen = _flat(_run(SINGLE, "--is", "token", "--is-threshold", "0.5_1.2"))
+    assert f"your correction costs: zeroes the weight of {percent(outside / tokens)} of tokens" in screen
+    assert "truncates" not in screen.split("your correction costs: ", 1)[1].split(";", 1)[0]

@@ -38,6 +38,7 @@ BAD, GOOD = "bad", "good"
 SEQ_ESS = "diag/ess_seq_kish"  # health checks it before a correction only when the correction is sequence-level
 RS_MASKED, RS_SEQ_MASKED = "rollout_corr/rollout_rs_masked_fraction", "rollout_corr/rollout_rs_seq_masked_fraction"
 TIS_HIGH, SEQ_TIS_HIGH = "rollout_corr/rollout_is_ratio_fraction_high", "rollout_corr/rollout_is_seq_fraction_high"
+TIS_LOW, SEQ_TIS_LOW = "rollout_corr/rollout_is_ratio_fraction_low", "rollout_corr/rollout_is_seq_fraction_low"
 # The abbreviations of the first screen, spelled out once below it (only those it shows), and in report.html
 # and Markdown: (term, its spellings as a word, meaning); `ESS` is found in `IS ESS`, `IS` not in `TIS`.
 GLOSSARY = (
@@ -215,6 +216,9 @@ def cost_text(cost: Mapping[str, Any]) -> str:
         parts.append(f"truncates {percent(cost['truncated_token_fraction'])} of tokens")
     if cost.get("truncated_sequence_fraction"):
         parts.append(f"truncates {percent(cost['truncated_sequence_fraction'])} of sequences")
+    for unit in ("token", "sequence"):
+        if cost.get(f"zeroed_{unit}_fraction"):
+            parts.append(f"zeroes the weight of {percent(cost[f'zeroed_{unit}_fraction'])} of {unit}s")
     tokens, rows = cost.get("masked_token_fraction") or 0.0, cost.get("masked_sequence_fraction") or 0.0
     parts.append(f"drops {percent(tokens)} of tokens and {percent(rows)} of sequences" if tokens or rows
                  else "drops nothing")
@@ -242,9 +246,14 @@ def applied_cost(report: Report) -> dict[str, Any] | None:
         return None
     cost: dict[str, Any] = {"masked_token_fraction": metrics.get(RS_MASKED),
                             "masked_sequence_fraction": metrics.get(RS_SEQ_MASKED)}
-    if config.get("rollout_is") == "token":  # TIS caps a token's weight at the threshold: its gradient stays
+    level = config.get("rollout_is")
+    if level is not None and "_" in str(config.get("rollout_is_threshold")):  # IcePop: zeroed outside [low, high]
+        high, low = (TIS_HIGH, TIS_LOW) if level == "token" else (SEQ_TIS_HIGH, SEQ_TIS_LOW)
+        if metrics.get(high) is not None and metrics.get(low) is not None:
+            cost[f"zeroed_{'token' if level == 'token' else 'sequence'}_fraction"] = metrics[high] + metrics[low]
+    elif level == "token":  # TIS caps a token's weight at the threshold: its gradient stays
         cost["truncated_token_fraction"] = metrics.get(TIS_HIGH)
-    elif config.get("rollout_is") is not None:
+    elif level is not None:
         cost["truncated_sequence_fraction"] = metrics.get(SEQ_TIS_HIGH)
     return cost if any(v is not None for v in cost.values()) else None
 
